@@ -8,6 +8,7 @@
 package problem
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -63,7 +64,13 @@ func (p *Problem) MarshalJSON() ([]byte, error) {
 	if p.Instance != "" {
 		m["instance"] = p.Instance
 	}
-	return json.Marshal(m)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // details are for people: keep "<token>" readable
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }
 
 // Write sends p as application/problem+json with its status.

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// config is everything the environment can set. Every field has a default
+// that works for `make run` against a local PostgreSQL; docs/api.md lists them.
+type config struct {
+	DatabaseURL string // DATABASE_URL
+	Addr        string // ADDR, the app's listen address
+	DBMaxConns  int32  // DB_MAX_CONNS, the pool size
+	LogLevel    slog.Level
+	LogFormat   string // LOG_FORMAT: text or json
+	// SessionSecret signs session cookies (SESSION_SECRET). Replicas must
+	// share it; when unset a random one is made and sessions end at restart.
+	SessionSecret string
+	DemoTokens    string // DEMO_TOKENS: name=token,… overrides
+	InstanceID    string // INSTANCE_ID: names this replica in logs and pages
+	BodyLimit     string // BODY_LIMIT: largest request body, e.g. 1M
+	ShutdownGrace time.Duration
+}
+
+func loadConfig(getenv func(string) string) (config, error) {
+	c := config{
+		DatabaseURL:   or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		Addr:          or(getenv("ADDR"), ":8080"),
+		LogFormat:     or(getenv("LOG_FORMAT"), "text"),
+		SessionSecret: getenv("SESSION_SECRET"),
+		DemoTokens:    getenv("DEMO_TOKENS"),
+		InstanceID:    getenv("INSTANCE_ID"),
+		BodyLimit:     or(getenv("BODY_LIMIT"), "1M"),
+	}
+	var err error
+	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 20); err != nil {
+		return c, err
+	}
+	if c.ShutdownGrace, err = durationEnv(getenv, "SHUTDOWN_GRACE", 10*time.Second); err != nil {
+		return c, err
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(or(getenv("LOG_LEVEL"), "info"))); err != nil {
+		return c, fmt.Errorf("LOG_LEVEL: %w", err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return c, fmt.Errorf("LOG_FORMAT: %q is neither text nor json", c.LogFormat)
+	}
+	return c, nil
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func intEnv(getenv func(string) string, name string, def int32) (int32, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s: %q is not a positive whole number", name, v)
+	}
+	return int32(n), nil
+}
+
+func durationEnv(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s: %q is not a positive duration such as 30s", name, v)
+	}
+	return d, nil
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/views"
+)
+
+// errorTable is the one place where a domain error becomes an HTTP answer:
+// its status, its stable problem type (docs/api.md lists them) and a title.
+// The detail is the error's own text, which domain packages write for people.
+var errorTable = []struct {
+	err    error
+	status int
+	typ    string
+	title  string
+}{
+	{policies.ErrNotFound, http.StatusNotFound, "not-found", "Policy not found"},
+	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
+}
+
+// toProblem turns any error a handler returned into a problem. Unknown
+// errors become a bare 500: their text may hold internals, so it is logged,
+// not sent.
+func toProblem(err error) (*problem.Problem, bool) {
+	var p *problem.Problem
+	if errors.As(err, &p) {
+		return p, true
+	}
+	for _, row := range errorTable {
+		if errors.Is(err, row.err) {
+			return problem.New(row.status, row.typ, row.title, err.Error()), true
+		}
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		return httpErrorProblem(he), true
+	}
+	return problem.New(http.StatusInternalServerError, "internal", "Internal error",
+		"something went wrong on our side; the request id in X-Request-Id helps us find it"), false
+}
+
+// httpErrorProblem covers the errors Echo itself raises (no route, body
+// too large, …).
+func httpErrorProblem(he *echo.HTTPError) *problem.Problem {
+	msg, _ := he.Message.(string)
+	switch he.Code {
+	case http.StatusNotFound:
+		return problem.New(he.Code, "not-found", "Not found", "no such resource")
+	case http.StatusMethodNotAllowed:
+		return problem.New(he.Code, "method-not-allowed", "Method not allowed", "this resource does not accept that method")
+	case http.StatusRequestEntityTooLarge:
+		return problem.New(he.Code, "body-too-large", "Request body too large", "the request body is larger than the server accepts")
+	case http.StatusUnsupportedMediaType:
+		return problem.New(he.Code, "unsupported-media-type", "Unsupported media type", "send application/json")
+	default:
+		if msg == "" {
+			msg = http.StatusText(he.Code)
+		}
+		return problem.New(he.Code, "http-error", http.StatusText(he.Code), msg)
+	}
+}
+
+// handleError is Echo's HTTPErrorHandler: API requests get problem+json,
+// browsers a friendly page with the same status.
+func (app *application) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	p, known := toProblem(err)
+	if !known {
+		logFrom(c.Request().Context()).Error("unhandled error", "err", err, "path", c.Request().URL.Path)
+	}
+	p.Instance = c.Request().URL.Path
+	if isAPI(c) {
+		problem.Write(c.Response(), p)
+		return
+	}
+	detail := p.Detail
+	if p.Status >= 500 {
+		detail = "Something went wrong on our side. Please try again in a moment."
+	}
+	c.Response().Status = p.Status
+	render(c, p.Status, views.ErrorPage(app.page(c, http.StatusText(p.Status), ""), p.Status, detail))
+}
+
+func isAPI(c echo.Context) bool {
+	return strings.HasPrefix(c.Request().URL.Path, "/api/")
+}

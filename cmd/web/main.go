@@ -1,0 +1,26 @@
+// Command web is idemlab: the web application, its migrations, and (as
+// subcommands) the fake provider and the recovery loop on their own.
+//
+//	web [serve]              the app (default)
+//	web migrate up|down|status
+//	web healthcheck          exit 0 when this instance's /healthz answers 200
+//
+// main only calls run; tests call run too, on port 0.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "web:", err)
+		os.Exit(1)
+	}
+}

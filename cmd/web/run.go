@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/users"
+)
+
+// run is the whole program. It returns when ctx is cancelled (SIGINT or
+// SIGTERM in main, the end of a test) after shutting down in order.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg, stderr)
+
+	switch cmd {
+	case "serve":
+		return serve(ctx, cfg, logger, stdout)
+	case "migrate":
+		return migrate(ctx, cfg, logger, args, stdout)
+	case "healthcheck":
+		return healthcheck(ctx, cfg)
+	default:
+		return fmt.Errorf("unknown command %q (want serve, migrate or healthcheck)", cmd)
+	}
+}
+
+func newLogger(cfg config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	l := slog.New(h)
+	if cfg.InstanceID != "" {
+		l = l.With("instance", cfg.InstanceID)
+	}
+	return l
+}
+
+// application holds every dependency a handler needs. Handlers are its
+// methods (handlers_*.go); routes.go says which URL calls which.
+type application struct {
+	cfg      config
+	logger   *slog.Logger
+	pool     *pgxpool.Pool
+	migrator *database.Migrator
+	sessions *sessionCodec
+	metrics  *metrics
+
+	users    *users.Store
+	policies *policies.Store
+	slots    *slots.Store
+}
+
+// serve opens the database, migrates, seeds, starts the HTTP server and the
+// background loops, and on cancellation stops them in reverse order: stop
+// accepting and finish in-flight requests, stop loops, close the pool.
+func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	migrator, err := database.NewMigrator(pool, logger)
+	if err != nil {
+		return err
+	}
+	defer migrator.Close()
+	if err := migrator.Up(ctx); err != nil {
+		return err
+	}
+
+	accounts, err := demo.ParseTokens(cfg.DemoTokens)
+	if err != nil {
+		return err
+	}
+	if err := demo.Seed(ctx, pool, accounts, time.Now()); err != nil {
+		return err
+	}
+
+	secret := []byte(cfg.SessionSecret)
+	if len(secret) == 0 {
+		secret = make([]byte, 32)
+		rand.Read(secret)
+		logger.Warn("SESSION_SECRET is unset: sessions end when this process stops and are not shared between replicas")
+	}
+	if cfg.InstanceID == "" {
+		host, _ := os.Hostname()
+		cfg.InstanceID = host
+	}
+
+	app := &application{
+		cfg:      cfg,
+		logger:   logger,
+		pool:     pool,
+		migrator: migrator,
+		sessions: newSessionCodec(secret),
+		metrics:  newMetrics(pool),
+		users:    users.NewStore(pool),
+		policies: policies.NewStore(pool),
+		slots:    slots.NewStore(pool),
+	}
+	e := app.routes()
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           e,
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	banner(stdout, ln.Addr(), accounts)
+
+	// Background loops share loopCtx; cancelling it and waiting on loops is
+	// the second step of shutdown.
+	loopCtx, stopLoops := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	defer func() { stopLoops(); loops.Wait() }()
+	_ = loopCtx
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	logger.Info("serving", "addr", ln.Addr().String())
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: finishing in-flight requests", "grace", cfg.ShutdownGrace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Error("shutdown", "err", err)
+	}
+	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// banner prints where the app listens and the demo tokens, for people and
+// for tests that start the server on port 0 and read the address back.
+func banner(w io.Writer, addr net.Addr, accounts []demo.Account) {
+	host := addr.String()
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
+		host = fmt.Sprintf("localhost:%d", tcp.Port)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "idemlab listening on http://%s\n", host)
+	b.WriteString("demo API tokens (Authorization: Bearer <token>):\n")
+	for _, a := range accounts {
+		fmt.Fprintf(&b, "  %-6s %s\n", a.Name, a.Token)
+	}
+	io.WriteString(w, b.String())
+}
+
+func migrate(ctx context.Context, cfg config, logger *slog.Logger, args []string, stdout io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: web migrate up|down|status")
+	}
+	pool, err := database.Open(ctx, cfg.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := database.NewMigrator(pool, logger)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	switch args[0] {
+	case "up":
+		return m.Up(ctx)
+	case "down":
+		return m.Down(ctx)
+	case "status":
+		st, err := m.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range st {
+			applied := "pending"
+			if !s.AppliedAt.IsZero() {
+				applied = s.AppliedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(stdout, "%5d  %-40s %s\n", s.Source.Version, s.Source.Path, applied)
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown migrate command %q (want up, down or status)", args[0])
+	}
+}
+
+// healthcheck is for container healthchecks in an image with no shell or curl.
+func healthcheck(ctx context.Context, cfg config) error {
+	_, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("ADDR %q: %w", cfg.Addr, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+port+"/healthz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthz answered %d", resp.StatusCode)
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+// Package browsertest drives Debian's Chromium with chromedp for idemlab's
+// browser tests: headless, sandbox off (tests run as root in CI), no
+// background networking (the machine has no network), and a screenshot of
+// the page whenever a test fails.
+package browsertest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// ChromiumPath is where Debian's chromium package installs the browser;
+// .ci/run installs it when it is missing. CHROMIUM overrides it.
+const ChromiumPath = "/usr/bin/chromium"
+
+// New starts a browser for this test and returns a context to run chromedp
+// actions in. The browser is closed when the test ends; if the test failed,
+// a full-page screenshot is saved first (see ScreenshotDir) and its path
+// logged. A missing browser fails the test: a skipped browser test proves
+// nothing.
+func New(t testing.TB) context.Context {
+	t.Helper()
+	path := ChromiumPath
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		path = p
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("browsertest: no Chromium at %s (apt-get install chromium, or run .ci/run): %v", path, err)
+	}
+	// Not t.TempDir: Chromium's helper processes may still write to the
+	// profile for a moment after the browser exits, which fails t.TempDir's
+	// strict removal. This directory is removed on a best-effort basis.
+	profile, err := os.MkdirTemp("", "idemlab-chromium-")
+	if err != nil {
+		t.Fatalf("browsertest: %v", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1280, 900),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(allocCtx)
+	// A generous bound for one test's browser work; each step is short.
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	if err := chromedp.Run(ctx); err != nil { // start the browser now, so failures point here
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc()
+		t.Fatalf("browsertest: start Chromium: %v", err)
+	}
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc()
+		for range 20 {
+			if os.RemoveAll(profile) == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	// Registered after the browser's cleanup, so it runs before it (LIFO).
+	t.Cleanup(func() {
+		if t.Failed() {
+			if p, err := Screenshot(ctx, t, "failure"); err == nil {
+				t.Logf("browsertest: screenshot of the failing page: %s", p)
+			}
+		}
+	})
+	return ctx
+}
+
+// ScreenshotDir is where screenshots go: $SCREENSHOT_DIR, or a folder in
+// the system temp directory.
+func ScreenshotDir() string {
+	if d := os.Getenv("SCREENSHOT_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(os.TempDir(), "idemlab-screenshots")
+}
+
+var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// Screenshot saves a full-page PNG of the current page as
+// <ScreenshotDir>/<test name>-<label>.png and returns its path.
+func Screenshot(ctx context.Context, t testing.TB, label string) (string, error) {
+	var png []byte
+	shotCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// quality 100 makes chromedp capture a lossless PNG
+	if err := chromedp.Run(shotCtx, chromedp.FullScreenshot(&png, 100)); err != nil {
+		return "", err
+	}
+	dir := ScreenshotDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, unsafeName.ReplaceAllString(t.Name()+"-"+label, "_")+".png")
+	return p, os.WriteFile(p, png, 0o644)
+}

@@ -1,0 +1,140 @@
+// Package demo seeds the data a newcomer needs to click through idemlab:
+// three customers and an admin with known API tokens, a handful of policies
+// each, and a week of bookable slots.
+//
+// Seeding is idempotent (every insert is ON CONFLICT DO NOTHING on a natural
+// key), so every replica runs it at every start and the result is the same as
+// running it once.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/users"
+)
+
+// Account is a demo user and its API token.
+type Account struct {
+	Name  string
+	Role  string
+	Token string
+}
+
+// DefaultAccounts are the demo users listed in the README.
+func DefaultAccounts() []Account {
+	return []Account{
+		{Name: "alice", Role: users.RoleCustomer, Token: "demo-alice"},
+		{Name: "bob", Role: users.RoleCustomer, Token: "demo-bob"},
+		{Name: "carol", Role: users.RoleCustomer, Token: "demo-carol"},
+		{Name: "admin", Role: users.RoleAdmin, Token: "demo-admin"},
+	}
+}
+
+// ParseTokens applies DEMO_TOKENS ("alice=tok1,admin=tok2") to the default
+// accounts. Unknown names and malformed pairs are errors, so a typo in the
+// environment is not silently ignored.
+func ParseTokens(spec string) ([]Account, error) {
+	accounts := DefaultAccounts()
+	if strings.TrimSpace(spec) == "" {
+		return accounts, nil
+	}
+	for _, pair := range strings.Split(spec, ",") {
+		name, token, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || name == "" || len(token) < 8 {
+			return nil, fmt.Errorf("demo: DEMO_TOKENS entry %q: want name=token with a token of at least 8 characters", pair)
+		}
+		found := false
+		for i := range accounts {
+			if accounts[i].Name == name {
+				accounts[i].Token, found = token, true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("demo: DEMO_TOKENS names unknown user %q", name)
+		}
+	}
+	return accounts, nil
+}
+
+// Resources are the things slots book.
+var Resources = []string{"Consulting room 1", "Consulting room 2", "Video call"}
+
+// PoliciesPerCustomer is how many policies each demo customer owns.
+const PoliciesPerCustomer = 5
+
+// Seed creates the accounts (updating their tokens), their policies, and —
+// when there are no slots yet — hourly slots from 09:00 to 17:00 UTC on the
+// seven days starting at today, for each resource.
+func Seed(ctx context.Context, pool *pgxpool.Pool, accounts []Account, today time.Time) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, a := range accounts {
+			var userID int64
+			// A changed DEMO_TOKENS takes effect at the next start.
+			err := tx.QueryRow(ctx, `
+				INSERT INTO users (name, role, api_token_sha256)
+				VALUES ($1, $2, $3)
+				ON CONFLICT (name) DO UPDATE
+				   SET api_token_sha256 = excluded.api_token_sha256
+				RETURNING id`, a.Name, a.Role, users.HashToken(a.Token)).Scan(&userID)
+			if err != nil {
+				return fmt.Errorf("demo: seed user %s: %w", a.Name, err)
+			}
+			if a.Role != users.RoleCustomer {
+				continue
+			}
+			if err := seedPolicies(ctx, tx, userID, a.Name, PoliciesPerCustomer); err != nil {
+				return err
+			}
+		}
+		return seedSlots(ctx, tx, today)
+	})
+}
+
+func seedPolicies(ctx context.Context, tx pgx.Tx, userID int64, name string, n int) error {
+	holder := strings.ToUpper(name[:1]) + name[1:]
+	_, err := tx.Exec(ctx, `
+		INSERT INTO policies (user_id, number, holder, premium)
+		SELECT $1,
+		       format('POL-%s-%s', upper($2), lpad(i::text, 3, '0')),
+		       $3,
+		       (120 + i * 37.5)::numeric(10,2)
+		  FROM generate_series(1, $4) AS i
+		ON CONFLICT (number) DO NOTHING -- seeding twice changes nothing`,
+		userID, name, holder, n)
+	if err != nil {
+		return fmt.Errorf("demo: seed policies of %s: %w", name, err)
+	}
+	return nil
+}
+
+func seedSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
+	var any bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM slots)`).Scan(&any); err != nil {
+		return fmt.Errorf("demo: seed slots: %w", err)
+	}
+	if any {
+		return nil
+	}
+	day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+	_, err := tx.Exec(ctx, `
+		INSERT INTO slots (resource, starts_at, ends_at)
+		SELECT r.resource,
+		       $2::timestamptz + make_interval(days => d, hours => h),
+		       $2::timestamptz + make_interval(days => d, hours => h + 1)
+		  FROM generate_series(0, 6) AS d,
+		       generate_series(9, 16) AS h,
+		       unnest($1::text[]) WITH ORDINALITY AS r(resource, ord)
+		 ORDER BY d, h, r.ord
+		ON CONFLICT (resource, starts_at) DO NOTHING -- replicas seeding at once insert once`,
+		Resources, day)
+	if err != nil {
+		return fmt.Errorf("demo: seed slots: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+// Package views holds idemlab's templ components and static assets.
+//
+// Pages are XPage(Page, vm) components rendered inside Layout; partials are
+// the fragments htmx swaps. View models are plain structs filled by cmd/web:
+// views never call services.
+package views
+
+import (
+	"embed"
+	"io/fs"
+)
+
+//go:embed static
+var staticFS embed.FS
+
+// Static is the vendored CSS and JavaScript (htmx, Pico) and idemlab's own
+// app.css and app.js, served under /static/. Nothing is loaded from a CDN.
+var Static, _ = fs.Sub(staticFS, "static")
+
+// Page is what every page's layout needs.
+type Page struct {
+	Title string
+	// Nav names the active navigation item ("policies", "slots", …).
+	Nav string
+	// User is the signed-in user, nil when signed out.
+	User *User
+	// CSRF is the token every form posts back (and htmx sends as a header).
+	CSRF string
+	// Flash is a one-line message shown above the content.
+	Flash string
+}
+
+// User is the signed-in user as the layout shows it.
+type User struct {
+	Name    string
+	IsAdmin bool
+}
+
+// NavItem is one entry of the top navigation.
+type NavItem struct {
+	Key, Label, Href string
+}
+
+// Nav lists the sections of the app, in the order the header shows them.
+var Nav = []NavItem{
+	{"policies", "Policies", "/policies"},
+	{"slots", "Slots", "/slots"},
+}
