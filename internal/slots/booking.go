@@ -1,0 +1,353 @@
+package slots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemlab/idemlab/internal/database"
+)
+
+// Booking statuses.
+const (
+	BookingConfirmed = "CONFIRMED"
+	BookingCancelled = "CANCELLED"
+)
+
+var (
+	// ErrSlotTaken: someone else holds the slot. It is an outcome, not a
+	// fault: the API answers 409 slot-taken and stores it like any outcome.
+	ErrSlotTaken = errors.New("slots: the slot is already booked")
+	// ErrBookingNotFound is returned for an unknown booking and for another
+	// customer's booking alike.
+	ErrBookingNotFound = errors.New("slots: booking not found")
+	// ErrBookingNotConfirmed: the booking was already released.
+	ErrBookingNotConfirmed = errors.New("slots: the booking is no longer confirmed")
+	// ErrUnknownStrategy names a strategy that does not exist.
+	ErrUnknownStrategy = errors.New("slots: unknown booking strategy")
+)
+
+// Booking is one user's hold on one slot.
+type Booking struct {
+	ID          int64      `json:"id"`
+	SlotID      int64      `json:"slot_id"`
+	UserID      int64      `json:"user_id"`
+	Status      string     `json:"status"`
+	CreatedAt   time.Time  `json:"created_at"`
+	CancelledAt *time.Time `json:"cancelled_at"`
+}
+
+// Strategy is how Book decides who wins a slot. All three are correct in
+// the end — the partial unique index sees to that — but they differ in how
+// they get there and what a loser experiences.
+type Strategy string
+
+const (
+	// ConditionalUpdate: one UPDATE … WHERE status = 'AVAILABLE'. The row
+	// lock it takes serialises racers; a loser re-checks the condition after
+	// the winner commits and updates 0 rows. The default.
+	ConditionalUpdate Strategy = "conditional-update"
+	// SelectForUpdate: lock the row first (SELECT … FOR UPDATE), look,
+	// then write. Pessimistic: racers queue on the lock.
+	SelectForUpdate Strategy = "select-for-update"
+	// CheckThenInsert: the naive read-then-write, kept to show that without
+	// a lock or a condition only the unique index stops a double booking
+	// (its 23505 becomes ErrSlotTaken, never a 500).
+	CheckThenInsert Strategy = "check-then-insert"
+)
+
+// Strategies lists every strategy, default first.
+var Strategies = []Strategy{ConditionalUpdate, SelectForUpdate, CheckThenInsert}
+
+// ParseStrategy returns the strategy named s ("" is the default).
+func ParseStrategy(s string) (Strategy, error) {
+	if s == "" {
+		return ConditionalUpdate, nil
+	}
+	for _, st := range Strategies {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("%w %q (want conditional-update, select-for-update or check-then-insert)", ErrUnknownStrategy, s)
+}
+
+// Trace is what the database did for one booking attempt, for the race lab.
+type Trace struct {
+	Strategy Strategy `json:"strategy"`
+	// RowsUpdated by the statement that decides (the conditional UPDATE, or
+	// the unconditional one after a check).
+	RowsUpdated int64 `json:"rows_updated"`
+	// Waited is how long the deciding statement took: mostly time spent
+	// waiting for another transaction's row lock or index entry.
+	Waited time.Duration `json:"waited_ns"`
+	// ConstraintHit: the unique index refused a second confirmed booking.
+	ConstraintHit bool `json:"constraint_hit"`
+}
+
+// BookRequest is one attempt to book a slot.
+type BookRequest struct {
+	Strategy Strategy
+	SlotID   int64
+	UserID   int64
+	// Think is a pause between deciding and writing (the race lab's "widen
+	// the window"): it lets a person see check-then-insert race, and
+	// select-for-update make others queue. ConditionalUpdate has no gap to
+	// widen: deciding and writing are one statement.
+	Think time.Duration
+}
+
+// Book gives the slot to the user inside tx, using the request's strategy.
+// It returns the new booking, or ErrSlotTaken, or ErrNotFound for an unknown
+// slot. The caller commits tx — together with the request's idempotency key,
+// so the booking and the stored answer are durable together. On any error
+// the caller must roll tx back.
+func (s *Store) Book(ctx context.Context, tx pgx.Tx, r BookRequest) (Booking, Trace, error) {
+	tr := Trace{Strategy: r.Strategy}
+	var bookingID int64
+	var err error
+	switch r.Strategy {
+	case ConditionalUpdate:
+		bookingID, err = claimConditionally(ctx, tx, r.SlotID, &tr)
+	case SelectForUpdate:
+		bookingID, err = claimWithRowLock(ctx, tx, r.SlotID, r.Think, &tr)
+	case CheckThenInsert:
+		return checkThenInsert(ctx, tx, r.SlotID, r.UserID, r.Think, &tr)
+	default:
+		return Booking{}, tr, fmt.Errorf("%w %q", ErrUnknownStrategy, r.Strategy)
+	}
+	if err != nil {
+		return Booking{}, tr, err
+	}
+	b, err := insertBooking(ctx, tx, bookingID, r.SlotID, r.UserID)
+	return b, tr, err
+}
+
+// think pauses inside the transaction, on the database, as slow application
+// code between a read and a write would.
+func think(ctx context.Context, tx pgx.Tx, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, d.Seconds()); err != nil {
+		return fmt.Errorf("slots: think: %w", err)
+	}
+	return nil
+}
+
+// claimConditionally is the whole contention story in one statement. The
+// booking id is drawn from the bookings sequence in the same UPDATE, so
+// status and booking_id change together (the CHECK demands it).
+func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace) (int64, error) {
+	start := time.Now()
+	var bookingID int64
+	err := tx.QueryRow(ctx, `
+		UPDATE slots
+		   SET status = 'BOOKED',
+		       booking_id = nextval(pg_get_serial_sequence('bookings', 'id'))
+		 WHERE id = $1
+		   AND status = 'AVAILABLE' -- 0 rows: someone else took it (or no such slot)
+		RETURNING booking_id`, slotID).Scan(&bookingID)
+	tr.Waited = time.Since(start)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, takenOrMissing(ctx, tx, slotID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("slots: book: %w", err)
+	}
+	tr.RowsUpdated = 1
+	return bookingID, nil
+}
+
+// claimWithRowLock locks the slot's row, looks, then writes. Racers wait in
+// the SELECT until the holder commits, then see BOOKED.
+func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.Duration, tr *Trace) (int64, error) {
+	start := time.Now()
+	var status string
+	err := tx.QueryRow(ctx, `
+		SELECT status
+		  FROM slots
+		 WHERE id = $1
+		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&status)
+	tr.Waited = time.Since(start)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("slots: book: lock slot: %w", err)
+	}
+	if status != StatusAvailable {
+		return 0, ErrSlotTaken
+	}
+	if err := think(ctx, tx, pause); err != nil { // others queue on our lock meanwhile
+		return 0, err
+	}
+	var bookingID int64
+	err = tx.QueryRow(ctx, `
+		UPDATE slots
+		   SET status = 'BOOKED',
+		       booking_id = nextval(pg_get_serial_sequence('bookings', 'id'))
+		 WHERE id = $1 -- safe without a condition: we hold the row lock
+		RETURNING booking_id`, slotID).Scan(&bookingID)
+	if err != nil {
+		return 0, fmt.Errorf("slots: book: %w", err)
+	}
+	tr.RowsUpdated = 1
+	return bookingID, nil
+}
+
+// checkThenInsert reads without a lock and then writes unconditionally —
+// the classic race. Two racers can both read AVAILABLE; the unique index on
+// confirmed bookings is then all that stops the second.
+func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause time.Duration, tr *Trace) (Booking, Trace, error) {
+	var status string
+	err := tx.QueryRow(ctx, `
+		SELECT status
+		  FROM slots
+		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Booking{}, *tr, ErrNotFound
+	}
+	if err != nil {
+		return Booking{}, *tr, fmt.Errorf("slots: book: read slot: %w", err)
+	}
+	if status != StatusAvailable {
+		return Booking{}, *tr, ErrSlotTaken
+	}
+	if err := think(ctx, tx, pause); err != nil { // others read AVAILABLE meanwhile
+		return Booking{}, *tr, err
+	}
+	start := time.Now()
+	var b Booking
+	err = tx.QueryRow(ctx, `
+		INSERT INTO bookings (slot_id, user_id)
+		VALUES ($1, $2) -- the partial unique index makes a racer wait here, then fail with 23505
+		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, slotID, userID).
+		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+	tr.Waited = time.Since(start)
+	if isUniqueViolation(err) {
+		tr.ConstraintHit = true
+		return Booking{}, *tr, ErrSlotTaken
+	}
+	if err != nil {
+		return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
+	}
+	tag, err := tx.Exec(ctx, `
+		UPDATE slots
+		   SET status = 'BOOKED',
+		       booking_id = $2
+		 WHERE id = $1 -- unconditional: the naive version trusts its earlier read`, slotID, b.ID)
+	if err != nil {
+		return Booking{}, *tr, fmt.Errorf("slots: book: mark slot: %w", err)
+	}
+	tr.RowsUpdated = tag.RowsAffected()
+	return b, *tr, nil
+}
+
+func insertBooking(ctx context.Context, tx pgx.Tx, bookingID, slotID, userID int64) (Booking, error) {
+	var b Booking
+	err := tx.QueryRow(ctx, `
+		INSERT INTO bookings (id, slot_id, user_id)
+		VALUES ($1, $2, $3)
+		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, bookingID, slotID, userID).
+		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+	if isUniqueViolation(err) {
+		// Unreachable while the slot row lock is held; the index is the
+		// last line of defence should it ever be reached.
+		return Booking{}, ErrSlotTaken
+	}
+	if err != nil {
+		return Booking{}, fmt.Errorf("slots: insert booking: %w", err)
+	}
+	return b, nil
+}
+
+// takenOrMissing tells a slot that exists but is booked from no slot at all,
+// after a conditional UPDATE matched nothing.
+func takenOrMissing(ctx context.Context, db database.DBTX, slotID int64) error {
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM slots WHERE id = $1)`, slotID).Scan(&exists); err != nil {
+		return fmt.Errorf("slots: book: %w", err)
+	}
+	if !exists {
+		return ErrNotFound
+	}
+	return ErrSlotTaken
+}
+
+// Release cancels a confirmed booking and frees its slot, in tx. Only the
+// booking's owner may release it, or an admin (asAdmin). Another customer's
+// booking is ErrBookingNotFound, so ids reveal nothing.
+func (s *Store) Release(ctx context.Context, tx pgx.Tx, bookingID, userID int64, asAdmin bool) (Booking, error) {
+	var b Booking
+	err := tx.QueryRow(ctx, `
+		UPDATE bookings
+		   SET status = 'CANCELLED',
+		       cancelled_at = now()
+		 WHERE id = $1
+		   AND (user_id = $2 OR $3) -- owner or admin
+		   AND status = 'CONFIRMED' -- 0 rows: released already, or not yours
+		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, bookingID, userID, asAdmin).
+		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Booking{}, s.whyNotReleasable(ctx, tx, bookingID, userID, asAdmin)
+	}
+	if err != nil {
+		return Booking{}, fmt.Errorf("slots: release: %w", err)
+	}
+	_, err = tx.Exec(ctx, `
+		UPDATE slots
+		   SET status = 'AVAILABLE',
+		       booking_id = NULL
+		 WHERE id = $1
+		   AND booking_id = $2 -- only if this booking still holds the slot`, b.SlotID, b.ID)
+	if err != nil {
+		return Booking{}, fmt.Errorf("slots: release: free slot: %w", err)
+	}
+	return b, nil
+}
+
+func (s *Store) whyNotReleasable(ctx context.Context, tx pgx.Tx, bookingID, userID int64, asAdmin bool) error {
+	var status string
+	err := tx.QueryRow(ctx, `
+		SELECT status
+		  FROM bookings
+		 WHERE id = $1
+		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrBookingNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("slots: release: %w", err)
+	}
+	return ErrBookingNotConfirmed
+}
+
+// GetBooking returns one of the user's bookings (any booking for an admin).
+func (s *Store) GetBooking(ctx context.Context, bookingID, userID int64, asAdmin bool) (Booking, error) {
+	var b Booking
+	err := s.db.QueryRow(ctx, `
+		SELECT id, slot_id, user_id, status, created_at, cancelled_at
+		  FROM bookings
+		 WHERE id = $1
+		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin).
+		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Booking{}, ErrBookingNotFound
+	}
+	if err != nil {
+		return Booking{}, fmt.Errorf("slots: get booking: %w", err)
+	}
+	return b, nil
+}
+
+// isUniqueViolation reports PostgreSQL's 23505, translated here at the store
+// so no caller ever sees a driver error for an expected outcome.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
