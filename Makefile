@@ -1,0 +1,40 @@
+# idemlab — everyday commands. `make help` lists them.
+
+# The tests create their databases on this server (see internal/testdb).
+DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable
+export DATABASE_URL
+
+# The same build as the Dockerfile (deploy_test.go keeps that one honest).
+GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
+
+.PHONY: help run build test generate lint
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
+
+run: ## run the app locally (in-process fake provider)
+	go run ./cmd/web serve
+
+build: ## build bin/web exactly as the Dockerfile does
+	$(GO_BUILD) -o bin/web ./cmd/web
+
+test: ## start PostgreSQL if needed, then run every test with the race detector
+	scripts/ensure-postgres.sh
+	go test -race -count=1 -timeout 9m ./...
+
+generate: ## regenerate templ components (*_templ.go are committed)
+	go tool templ generate
+
+lint: ## gofmt, go vet, and a check that generated templ files are up to date
+	@unformatted="$$(gofmt -l .)"; \
+	if [ -n "$$unformatted" ]; then \
+		echo "gofmt: these files need formatting:"; echo "$$unformatted"; exit 1; \
+	fi
+	go vet ./...
+	go tool templ generate
+	@git diff --exit-code -- '*_templ.go' || \
+		{ echo "lint: *_templ.go out of date: run 'make generate' and commit the result"; exit 1; }
+	@untracked="$$(git ls-files --others --exclude-standard -- '*_templ.go')"; \
+	if [ -n "$$untracked" ]; then \
+		echo "lint: generated but not committed:"; echo "$$untracked"; exit 1; \
+	fi

@@ -1,0 +1,284 @@
+// Package idemlab_test checks the deployment files at the repository root:
+// docker-compose.yml is loaded the way Docker Compose loads it, and the
+// Dockerfile's build command is run as written. No Docker engine is needed.
+package idemlab_test
+
+import (
+	"bufio"
+	"context"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
+)
+
+// loadCompose loads docker-compose.yml with compose-go, the library behind
+// `docker compose`, so interpolation, YAML anchors and validation match.
+// The OS environment is left out so ${VAR:-default} always takes the default.
+func loadCompose(t *testing.T) *types.Project {
+	t.Helper()
+	opts, err := cli.NewProjectOptions(
+		[]string{"docker-compose.yml"},
+		cli.WithWorkingDirectory("."),
+		cli.WithName("idemlab"),
+	)
+	if err != nil {
+		t.Fatalf("compose options: %v", err)
+	}
+	project, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatalf("load docker-compose.yml: %v", err)
+	}
+	return project
+}
+
+func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
+	t.Helper()
+	s, err := p.GetService(name)
+	if err != nil {
+		t.Fatalf("service %q: %v", name, err)
+	}
+	return s
+}
+
+// env returns a service's environment variable, failing if it is unset.
+func env(t *testing.T, s types.ServiceConfig, key string) string {
+	t.Helper()
+	v, ok := s.Environment[key]
+	if !ok || v == nil {
+		t.Fatalf("service %q: environment %s is not set", s.Name, key)
+	}
+	return *v
+}
+
+func TestComposeServices(t *testing.T) {
+	p := loadCompose(t)
+	for _, name := range []string{"db", "app", "provider"} {
+		service(t, p, name)
+	}
+}
+
+func TestComposeDatabaseHealthcheck(t *testing.T) {
+	db := service(t, loadCompose(t), "db")
+
+	if !strings.HasPrefix(db.Image, "postgres:15") {
+		t.Errorf("db image = %q, want postgres:15", db.Image)
+	}
+	if db.HealthCheck == nil || db.HealthCheck.Disable {
+		t.Fatal("db has no healthcheck")
+	}
+	test := db.HealthCheck.Test
+	if !slices.Contains(test, "pg_isready") {
+		t.Errorf("db healthcheck %q does not run pg_isready", test)
+	}
+	// pg_isready must probe TCP on 127.0.0.1: the socket answers during initdb.
+	if i := slices.Index(test, "-h"); i < 0 || i+1 >= len(test) || test[i+1] != "127.0.0.1" {
+		t.Errorf("db healthcheck %q lacks -h 127.0.0.1", test)
+	}
+
+	published := false
+	for _, port := range db.Ports {
+		if port.Target == 5432 && port.Published == "5432" && port.HostIP == "127.0.0.1" {
+			published = true
+		}
+	}
+	if !published {
+		t.Errorf("db ports = %+v, want 127.0.0.1:5432:5432 (make test uses it)", db.Ports)
+	}
+}
+
+func TestComposeApp(t *testing.T) {
+	p := loadCompose(t)
+	app := service(t, p, "app")
+
+	if dep, ok := app.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
+		t.Errorf("app depends_on db = %+v, want condition %s", dep, types.ServiceConditionHealthy)
+	}
+	if _, ok := app.DependsOn["provider"]; !ok {
+		t.Error("app does not depend on provider")
+	}
+
+	publishes8080 := false
+	for _, port := range app.Ports {
+		if port.Target == 8080 && port.Published == "8080" {
+			publishes8080 = true
+		}
+	}
+	if !publishes8080 {
+		t.Errorf("app ports = %+v, want 8080:8080", app.Ports)
+	}
+
+	dbURL, err := url.Parse(env(t, app, "DATABASE_URL"))
+	if err != nil {
+		t.Fatalf("app DATABASE_URL: %v", err)
+	}
+	if dbURL.Hostname() != "db" {
+		t.Errorf("app DATABASE_URL host = %q, want db", dbURL.Hostname())
+	}
+
+	// PROVIDER_URL must name the provider service on the port it listens on.
+	provider := service(t, p, "provider")
+	providerURL, err := url.Parse(env(t, app, "PROVIDER_URL"))
+	if err != nil {
+		t.Fatalf("app PROVIDER_URL: %v", err)
+	}
+	if providerURL.Hostname() != "provider" {
+		t.Errorf("app PROVIDER_URL host = %q, want provider", providerURL.Hostname())
+	}
+	addr := env(t, provider, "PROVIDER_ADDR")
+	if _, port, _ := strings.Cut(addr, ":"); port == "" || port != providerURL.Port() {
+		t.Errorf("app PROVIDER_URL port = %q, provider listens on PROVIDER_ADDR %q", providerURL.Port(), addr)
+	}
+
+	if env(t, app, "SESSION_SECRET") == "" {
+		t.Error("app SESSION_SECRET is empty")
+	}
+	if got := env(t, app, "ALLOW_RESET"); got != "true" {
+		t.Errorf("app ALLOW_RESET = %q, want true", got)
+	}
+	if env(t, app, "INSTANCE_ID") == "" {
+		t.Error("app INSTANCE_ID is empty")
+	}
+}
+
+func TestComposeProvider(t *testing.T) {
+	provider := service(t, loadCompose(t), "provider")
+
+	if !slices.Equal(provider.Command, types.ShellCommand{"provider"}) {
+		t.Errorf("provider command = %q, want [provider]", provider.Command)
+	}
+	if dep, ok := provider.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
+		t.Errorf("provider depends_on db = %+v, want condition %s", dep, types.ServiceConditionHealthy)
+	}
+	dbURL, err := url.Parse(env(t, provider, "DATABASE_URL"))
+	if err != nil {
+		t.Fatalf("provider DATABASE_URL: %v", err)
+	}
+	if dbURL.Hostname() != "db" {
+		t.Errorf("provider DATABASE_URL host = %q, want db", dbURL.Hostname())
+	}
+}
+
+func TestComposeBuildsFromDockerfile(t *testing.T) {
+	p := loadCompose(t)
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"app", "provider"} {
+		s := service(t, p, name)
+		if s.Build == nil {
+			t.Errorf("service %q has no build section", name)
+			continue
+		}
+		// The loader resolves the context to an absolute path.
+		if s.Build.Context != root {
+			t.Errorf("service %q build context = %q, want %q", name, s.Build.Context, root)
+		}
+		if s.Build.Dockerfile != "Dockerfile" {
+			t.Errorf("service %q dockerfile = %q, want Dockerfile", name, s.Build.Dockerfile)
+		}
+	}
+}
+
+// dockerfileBuildCommand returns the shell command of the build stage's
+// `RUN … go build …` instruction, with line continuations joined and RUN
+// flags (such as --mount) dropped.
+func dockerfileBuildCommand(t *testing.T) string {
+	t.Helper()
+	f, err := os.Open("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	var instructions []string
+	var current strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if current.Len() == 0 && (line == "" || strings.HasPrefix(line, "#")) {
+			continue
+		}
+		if cont, ok := strings.CutSuffix(line, `\`); ok {
+			current.WriteString(cont + " ")
+			continue
+		}
+		current.WriteString(line)
+		instructions = append(instructions, current.String())
+		current.Reset()
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var commands []string
+	stage := 0
+	for _, ins := range instructions {
+		keyword, rest, _ := strings.Cut(ins, " ")
+		switch strings.ToUpper(keyword) {
+		case "FROM":
+			stage++
+		case "RUN":
+			if stage != 1 {
+				continue
+			}
+			fields := strings.Fields(rest)
+			for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
+				fields = fields[1:]
+			}
+			cmd := strings.Join(fields, " ")
+			if strings.Contains(cmd, "go build") {
+				commands = append(commands, cmd)
+			}
+		}
+	}
+	if len(commands) != 1 {
+		t.Fatalf("Dockerfile build stage: want one RUN with go build, found %q", commands)
+	}
+	return commands[0]
+}
+
+func TestDockerfileBuildCommand(t *testing.T) {
+	cmd := dockerfileBuildCommand(t)
+	want := `CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/web ./cmd/web`
+	if cmd != want {
+		t.Errorf("Dockerfile build command:\n got %s\nwant %s", cmd, want)
+	}
+}
+
+// TestDockerfileBuild runs the Dockerfile's build command as written, only
+// writing the binary into a temporary directory instead of /out.
+func TestDockerfileBuild(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("sh not found")
+	}
+
+	cmd := dockerfileBuildCommand(t)
+	if !strings.Contains(cmd, " -o /out/web ") {
+		t.Fatalf("build command %q does not write /out/web", cmd)
+	}
+	out := filepath.Join(t.TempDir(), "web")
+	cmd = strings.Replace(cmd, " -o /out/web ", " -o "+out+" ", 1)
+
+	// Docker runs the shell form of RUN with /bin/sh -c. The build context has
+	// no .git (.dockerignore), so no VCS stamp there; none here either.
+	build := exec.Command("sh", "-c", cmd)
+	build.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -buildvcs=false"))
+	if output, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, output)
+	}
+	info, err := os.Stat(out)
+	if err != nil {
+		t.Fatalf("binary not produced: %v", err)
+	}
+	if info.Size() == 0 || info.Mode()&0o111 == 0 {
+		t.Errorf("binary %s: size %d, mode %v", out, info.Size(), info.Mode())
+	}
+}
