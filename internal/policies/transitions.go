@@ -1,0 +1,209 @@
+package policies
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds every write to an operation. Each is one conditional
+// statement; every write by an owner carries `AND owner_token = $mine`
+// (the fence), and zero rows means ErrLeaseLost. Each also appends its
+// timeline event in the same transaction, quoting its own SQL.
+
+// Owner identifies who is acting: a request or a recovery worker.
+type Owner struct {
+	// ID says who, for people: "request 3f2c… on app-1", "recovery on app-2".
+	ID string
+	// Lease is how long the owner may act before others may take over.
+	Lease time.Duration
+}
+
+const sqlStartOperation = `
+INSERT INTO policy_operations
+       (policy_id, operation_type, user_id, idempotency_key, reason, status,
+        owner_token, owner_id, lease_expires_at, provider_key, steps)
+SELECT id, 'CANCEL', user_id, $3, $4, 'IN_PROGRESS',
+       gen_random_uuid(), $5, now() + make_interval(secs => $6),
+       format('policy-%s-cancel-1', id),
+       '{"record_intent": "DONE", "provider_cancel": "PENDING", "mark_cancelled": "PENDING"}'
+  FROM policies
+ WHERE id = $1
+   AND user_id = $2 -- someone else's policy inserts nothing
+   AND status = 'ACTIVE'
+    ON CONFLICT (policy_id, operation_type) DO NOTHING -- the intent exists already
+RETURNING ` + opColumns
+
+const sqlRestartOperation = `
+UPDATE policy_operations
+   SET status = 'IN_PROGRESS',
+       run = run + 1,
+       provider_key = format('policy-%s-cancel-%s', policy_id, run + 1),
+       idempotency_key = $2,
+       reason = $3,
+       owner_token = gen_random_uuid(),
+       owner_id = $4,
+       lease_expires_at = now() + make_interval(secs => $5),
+       attempts = 0,
+       next_attempt_at = NULL,
+       provider_truth = NULL,
+       last_error = NULL,
+       finished_at = NULL,
+       steps = '{"record_intent": "DONE", "provider_cancel": "PENDING", "mark_cancelled": "PENDING"}',
+       updated_at = now()
+ WHERE id = $1
+   AND status = 'FAILED' -- 0 rows: someone restarted it first
+RETURNING ` + opColumns
+
+// StartCancellation records the intent to cancel policyID and makes owner
+// its owner under a lease, in tx. A FAILED earlier cancellation is started
+// again (same row, next run, new provider key). It returns ErrNotFound when
+// the policy does not exist, is not the user's, or is not ACTIVE without an
+// operation; and a *DuplicateIntentError when a cancellation that is not
+// FAILED exists.
+func (s *Store) StartCancellation(ctx context.Context, tx pgx.Tx, userID, policyID int64, requestKey, reason string, owner Owner) (Operation, error) {
+	op, err := scanOperation(tx.QueryRow(ctx, sqlStartOperation,
+		policyID, userID, requestKey, reason, owner.ID, owner.Lease.Seconds()))
+	if err == nil {
+		return op, recordEvent(ctx, tx, op, nil, owner.ID, "cancellation requested", sqlStartOperation)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, fmt.Errorf("policies: start cancellation: %w", err)
+	}
+
+	// Nothing inserted: no such (active) policy of this user, or the intent exists.
+	existing, err := scanOperation(tx.QueryRow(ctx, `
+		SELECT `+opColumns+`
+		  FROM policy_operations
+		 WHERE policy_id = $1
+		   AND operation_type = 'CANCEL'
+		   AND user_id = $2`, policyID, userID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, ErrNotFound
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("policies: start cancellation: %w", err)
+	}
+	if existing.Status != OpFailed {
+		return Operation{}, &DuplicateIntentError{OperationID: existing.ID, Status: existing.Status}
+	}
+	op, err = scanOperation(tx.QueryRow(ctx, sqlRestartOperation,
+		existing.ID, requestKey, reason, owner.ID, owner.Lease.Seconds()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, &DuplicateIntentError{OperationID: existing.ID, Status: OpInProgress}
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("policies: restart cancellation: %w", err)
+	}
+	return op, recordEvent(ctx, tx, op, ptr(OpFailed), owner.ID,
+		fmt.Sprintf("cancellation requested again (run %d)", op.Run), sqlRestartOperation)
+}
+
+const sqlSucceed = `
+UPDATE policy_operations
+   SET status = 'SUCCEEDED',
+       provider_truth = 'COMPLETED',
+       steps = steps || '{"provider_cancel": "DONE", "mark_cancelled": "DONE"}',
+       finished_at = now(),
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence: 0 rows means we no longer own it
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+const sqlMarkPolicyCancelled = `
+UPDATE policies
+   SET status = 'CANCELLED',
+       updated_at = now()
+ WHERE id = $1
+   AND status = 'ACTIVE'`
+
+// Succeed finishes the operation: the provider confirmed the cancellation.
+// In tx, the operation becomes SUCCEEDED and the policy CANCELLED — both or
+// neither, and only while token still owns the operation (else
+// ErrLeaseLost, and the caller must roll tx back).
+func (s *Store) Succeed(ctx context.Context, tx pgx.Tx, opID int64, token, actor, detail string) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlSucceed)
+	if err != nil {
+		return Operation{}, err
+	}
+	if _, err := tx.Exec(ctx, sqlMarkPolicyCancelled, op.PolicyID); err != nil {
+		return Operation{}, fmt.Errorf("policies: mark policy cancelled: %w", err)
+	}
+	return op, recordEvent(ctx, tx, op, &from, actor, detail, sqlSucceed+";\n"+sqlMarkPolicyCancelled)
+}
+
+const sqlFail = `
+UPDATE policy_operations
+   SET status = 'FAILED',
+       provider_truth = $3,
+       last_error = $4,
+       steps = steps || '{"provider_cancel": "FAILED"}',
+       finished_at = now(),
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+// Fail finishes the operation as FAILED: the provider refused definitively
+// (truth is what it said, e.g. REJECTED). The policy stays ACTIVE and a
+// later request may start the cancellation again.
+func (s *Store) Fail(ctx context.Context, tx pgx.Tx, opID int64, token, truth, why, actor string) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlFail, truth, why)
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, recordEvent(ctx, tx, op, &from, actor, why, sqlFail)
+}
+
+const sqlHandOver = `
+UPDATE policy_operations
+   SET lease_expires_at = now(), -- expired now: the recovery loop may claim it at once
+       next_attempt_at = now(),
+       attempts = attempts + 1,
+       last_error = $3,
+       steps = steps || '{"provider_cancel": "UNKNOWN"}',
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+// HandOver records that the provider's answer is unknown (a timeout, a
+// reset connection, a 5xx) and gives the operation up to recovery: it stays
+// IN_PROGRESS — missing information, not a failure — with its lease ended,
+// so the recovery loop claims it at its next pass instead of waiting for the
+// lease to run out.
+func (s *Store) HandOver(ctx context.Context, tx pgx.Tx, opID int64, token, why, actor string) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlHandOver, why)
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, recordEvent(ctx, tx, op, &from, actor, "provider outcome unknown, handed to recovery: "+why, sqlHandOver)
+}
+
+// fencedUpdate runs one owner's UPDATE … RETURNING and tells the previous
+// status (for the timeline). Zero rows is ErrLeaseLost.
+func (s *Store) fencedUpdate(ctx context.Context, tx pgx.Tx, opID int64, token, sql string, args ...any) (Operation, string, error) {
+	var from string
+	// Read the status under the row lock the UPDATE will take anyway.
+	err := tx.QueryRow(ctx, `SELECT status FROM policy_operations WHERE id = $1 FOR UPDATE`, opID).Scan(&from)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, "", ErrOperationNotFound
+	}
+	if err != nil {
+		return Operation{}, "", fmt.Errorf("policies: lock operation: %w", err)
+	}
+	op, err := scanOperation(tx.QueryRow(ctx, sql, append([]any{opID, token}, args...)...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, "", ErrLeaseLost
+	}
+	if err != nil {
+		return Operation{}, "", fmt.Errorf("policies: update operation: %w", err)
+	}
+	return op, from, nil
+}
