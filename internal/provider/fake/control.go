@@ -25,7 +25,8 @@ type Control struct {
 func NewControl(baseURL string) *Control {
 	return &Control{
 		baseURL: strings.TrimRight(baseURL, "/"),
-		http:    &http.Client{Timeout: 5 * time.Second},
+		// its own Transport, so CloseIdleConnections closes only these
+		http: &http.Client{Timeout: 5 * time.Second, Transport: http.DefaultTransport.(*http.Transport).Clone()},
 	}
 }
 
