@@ -22,6 +22,14 @@ type config struct {
 	InstanceID    string // INSTANCE_ID: names this replica in logs and pages
 	BodyLimit     string // BODY_LIMIT: largest request body, e.g. 1M
 	ShutdownGrace time.Duration
+
+	// The provider. With ProviderURL empty the fake provider runs in this
+	// process on ProviderAddr, and the app still calls it over HTTP.
+	ProviderURL        string        // PROVIDER_URL
+	ProviderAddr       string        // PROVIDER_ADDR
+	ProviderTimeout    time.Duration // PROVIDER_TIMEOUT: how long one provider call may take
+	ProviderFaultMode  string        // PROVIDER_FAULT_MODE: the global fault mode set at start
+	ProviderIdempotent string        // PROVIDER_IDEMPOTENT: true|false, set at start
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -33,6 +41,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DemoTokens:    getenv("DEMO_TOKENS"),
 		InstanceID:    getenv("INSTANCE_ID"),
 		BodyLimit:     or(getenv("BODY_LIMIT"), "1M"),
+
+		ProviderURL:        getenv("PROVIDER_URL"),
+		ProviderAddr:       or(getenv("PROVIDER_ADDR"), ":8081"),
+		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
+		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 	}
 	var err error
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 20); err != nil {
@@ -40,6 +53,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.ShutdownGrace, err = durationEnv(getenv, "SHUTDOWN_GRACE", 10*time.Second); err != nil {
 		return c, err
+	}
+	if c.ProviderTimeout, err = durationEnv(getenv, "PROVIDER_TIMEOUT", 2*time.Second); err != nil {
+		return c, err
+	}
+	if v := c.ProviderIdempotent; v != "" && v != "true" && v != "false" {
+		return c, fmt.Errorf("PROVIDER_IDEMPOTENT: %q is neither true nor false", v)
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)

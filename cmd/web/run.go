@@ -19,6 +19,8 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/provider"
+	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
 )
@@ -39,12 +41,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "serve":
 		return serve(ctx, cfg, logger, stdout)
+	case "provider":
+		return serveProvider(ctx, cfg, logger, stdout)
 	case "migrate":
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, cfg)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, migrate or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, migrate or healthcheck)", cmd)
 	}
 }
 
@@ -74,6 +78,11 @@ type application struct {
 	users    *users.Store
 	policies *policies.Store
 	slots    *slots.Store
+
+	// provider is the client the workflows call; providerControl sets the
+	// fake provider's faults and reads its ledger, wherever it runs.
+	provider        *provider.HTTPClient
+	providerControl *fake.Control
 }
 
 // serve opens the database, migrates, seeds, starts the HTTP server and the
@@ -114,6 +123,27 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		cfg.InstanceID = host
 	}
 
+	// The fake provider: in this process unless PROVIDER_URL points elsewhere.
+	providerURL := cfg.ProviderURL
+	if providerURL == "" {
+		ps, err := startProvider(ctx, cfg, pool, logger)
+		if err != nil {
+			return err
+		}
+		providerURL = ps.url
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+			defer cancel()
+			if err := ps.stop(stopCtx); err != nil {
+				logger.Error("provider shutdown", "err", err)
+			}
+		}()
+	}
+	providerClient := provider.NewHTTPClient(providerURL, cfg.ProviderTimeout)
+	defer providerClient.CloseIdleConnections()
+	providerControl := fake.NewControl(providerURL)
+	defer providerControl.CloseIdleConnections()
+
 	app := &application{
 		cfg:      cfg,
 		logger:   logger,
@@ -124,6 +154,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		users:    users.NewStore(pool),
 		policies: policies.NewStore(pool),
 		slots:    slots.NewStore(pool),
+
+		provider:        providerClient,
+		providerControl: providerControl,
 	}
 	e := app.routes()
 
@@ -136,7 +169,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	banner(stdout, ln.Addr(), accounts)
+	banner(stdout, ln.Addr(), providerURL, accounts)
 
 	// Background loops share loopCtx; cancelling it and waiting on loops is
 	// the second step of shutdown.
@@ -168,13 +201,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 
 // banner prints where the app listens and the demo tokens, for people and
 // for tests that start the server on port 0 and read the address back.
-func banner(w io.Writer, addr net.Addr, accounts []demo.Account) {
-	host := addr.String()
-	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
-		host = fmt.Sprintf("localhost:%d", tcp.Port)
-	}
+func banner(w io.Writer, addr net.Addr, providerURL string, accounts []demo.Account) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "idemlab listening on http://%s\n", host)
+	fmt.Fprintf(&b, "idemlab listening on http://%s\n", dialable(addr))
+	fmt.Fprintf(&b, "provider at %s\n", providerURL)
 	b.WriteString("demo API tokens (Authorization: Bearer <token>):\n")
 	for _, a := range accounts {
 		fmt.Fprintf(&b, "  %-6s %s\n", a.Name, a.Token)

@@ -40,6 +40,7 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 		"ADDR":           "127.0.0.1:0",
 		"LOG_LEVEL":      "warn",
 		"SESSION_SECRET": "test-session-secret",
+		"PROVIDER_ADDR":  "127.0.0.1:0",
 		"DB_MAX_CONNS":   "10",
 	}
 	for k, v := range env {
