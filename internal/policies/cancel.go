@@ -1,0 +1,161 @@
+package policies
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/provider"
+)
+
+// CrashPoint names a moment in the cancellation where a process can die, for
+// the crash labs and tests. What is durable at each point, and who finishes
+// the work, is the table in docs/cancellation.md.
+type CrashPoint string
+
+const (
+	// CrashAfterClaim: the operation is recorded IN_PROGRESS under a lease;
+	// the provider was never called.
+	CrashAfterClaim CrashPoint = "after_claim"
+	// CrashAfterProviderCall: the provider answered (or timed out); nothing
+	// of its answer is recorded.
+	CrashAfterProviderCall CrashPoint = "after_provider_call"
+	// CrashAfterCommit: the outcome and the request's answer are committed;
+	// the client never received the answer.
+	CrashAfterCommit CrashPoint = "after_commit"
+)
+
+// CrashPoints lists them in the order the workflow passes them.
+var CrashPoints = []CrashPoint{CrashAfterClaim, CrashAfterProviderCall, CrashAfterCommit}
+
+// Canceller runs the cancellation workflow of one request:
+//
+//	tx 1:  record the intent IN_PROGRESS with this request as owner (lease)
+//	       ── no transaction open ──
+//	call:  provider.Cancel with the operation's provider key
+//	       ── no transaction open ──
+//	tx 2:  confirmed → SUCCEEDED + policy CANCELLED · rejected → FAILED ·
+//	       unknown → stays IN_PROGRESS, handed to recovery;
+//	       and the caller's answer (the idempotency key) in the same commit
+//
+// No transaction spans the network call: a slow provider never holds a row
+// lock or a connection.
+type Canceller struct {
+	pool     *pgxpool.Pool
+	store    *Store
+	provider provider.Client
+	lease    time.Duration
+	// Crash, when set, is called at each CrashPoint; a lab or test makes it
+	// kill the process there.
+	Crash func(ctx context.Context, at CrashPoint)
+}
+
+// NewCanceller returns a Canceller whose requests own an operation for lease.
+func NewCanceller(pool *pgxpool.Pool, p provider.Client, lease time.Duration) *Canceller {
+	return &Canceller{pool: pool, store: NewStore(pool), provider: p, lease: lease}
+}
+
+// CancelRequest is one request to cancel a policy.
+type CancelRequest struct {
+	UserID     int64
+	PolicyID   int64
+	Reason     string
+	RequestKey string // the client's Idempotency-Key, kept on the operation
+	Actor      string // who is asking, for the timeline: "request <id> on <instance>"
+}
+
+// Finish is called inside the transaction that records the outcome, with
+// the operation as it will be committed. The HTTP layer stores the
+// request's answer there, so the business outcome and the replayable answer
+// commit together or not at all. An error rolls everything back.
+type Finish func(ctx context.Context, tx pgx.Tx, op Operation) error
+
+// Cancel runs the workflow and returns the operation as committed: SUCCEEDED,
+// FAILED (the provider refused), or IN_PROGRESS (outcome unknown; recovery
+// finishes it). Errors: ErrNotFound (no such active policy of this user), a
+// *DuplicateIntentError, ErrLeaseLost (someone took the operation over while
+// the provider was called; the outcome is theirs to record).
+func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish) (Operation, error) {
+	owner := Owner{ID: req.Actor, Lease: c.lease}
+	var op Operation
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		op, err = c.store.StartCancellation(ctx, tx, req.UserID, req.PolicyID, req.RequestKey, req.Reason, owner)
+		return err
+	})
+	if err != nil {
+		return Operation{}, err
+	}
+	c.crash(ctx, CrashAfterClaim)
+
+	// From here on the work continues even if the client goes away: it
+	// will retry with the same key and must find the work done or owned.
+	ctx = context.WithoutCancel(ctx)
+	res, err := c.provider.Cancel(ctx, provider.CancelRequest{Key: op.ProviderKey, PolicyID: op.PolicyID, Reason: op.Reason})
+	if err != nil {
+		// Not sent at all (the client refused its arguments): nothing was
+		// applied, but recovery is still the one place that decides.
+		res = provider.Result{Outcome: provider.Unknown, Err: err}
+	}
+	c.crash(ctx, CrashAfterProviderCall)
+
+	op, err = c.Record(ctx, op.ID, *op.OwnerToken, req.Actor, res, finish)
+	if err != nil {
+		return Operation{}, err
+	}
+	c.crash(ctx, CrashAfterCommit)
+	return op, nil
+}
+
+// Record writes what a provider call told us, as the owner holding token:
+// the one code path by which requests and the recovery loop finish an
+// operation. See Cancel for the transitions and Finish for the answer.
+func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string, res provider.Result, finish Finish) (Operation, error) {
+	var op Operation
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		switch res.Outcome {
+		case provider.Confirmed:
+			op, err = c.store.Succeed(ctx, tx, opID, token, actor, "provider confirmed the cancellation")
+		case provider.Rejected:
+			op, err = c.store.Fail(ctx, tx, opID, token, string(provider.TruthRejected), "provider refused: "+res.Reason, actor)
+		default:
+			op, err = c.store.HandOver(ctx, tx, opID, token, unknownCause(res), actor)
+		}
+		if err != nil {
+			return err
+		}
+		if finish != nil {
+			return finish(ctx, tx, op)
+		}
+		return nil
+	})
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, nil
+}
+
+func (c *Canceller) crash(ctx context.Context, at CrashPoint) {
+	if c.Crash != nil {
+		c.Crash(ctx, at)
+	}
+}
+
+// unknownCause says in a few words why an outcome is unknown.
+func unknownCause(res provider.Result) string {
+	switch {
+	case res.Truth == provider.TruthRunning:
+		return "the provider accepted the request and is still running it"
+	case errors.Is(res.Err, context.DeadlineExceeded):
+		return "the provider did not answer in time"
+	case res.Err != nil:
+		return fmt.Sprintf("no usable answer from the provider: %v", res.Err)
+	default:
+		return "no answer from the provider"
+	}
+}

@@ -1,0 +1,303 @@
+package policies_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/provider"
+	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/testdb"
+)
+
+// providerTimeout is the workflow's patience: short, so timeout modes are
+// cheap, but long enough that an answered call is not mistaken for one under
+// -race on a loaded machine.
+const providerTimeout = 400 * time.Millisecond
+
+type bundle struct {
+	db        *testdb.DB
+	store     *policies.Store
+	fake      *fake.Provider
+	canceller *policies.Canceller
+	alice     int64
+	policyIDs []int64 // alice's
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if err := demo.Seed(ctx, db.Pool, demo.DefaultAccounts(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{db: db, store: policies.NewStore(db.Pool)}
+	b.fake = fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv := httptest.NewServer(b.fake.Handler())
+	t.Cleanup(func() { b.fake.Close(); srv.Close() })
+	client := provider.NewHTTPClient(srv.URL, providerTimeout)
+	t.Cleanup(client.CloseIdleConnections)
+	b.canceller = policies.NewCanceller(db.Pool, client, 30*time.Second)
+
+	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.alice); err != nil {
+		t.Fatal(err)
+	}
+	list, err := b.store.List(ctx, policies.ListFilter{UserID: b.alice, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range list {
+		b.policyIDs = append(b.policyIDs, p.ID)
+	}
+	return b
+}
+
+func (b *bundle) setMode(t *testing.T, mode fake.Mode) {
+	t.Helper()
+	f := fake.DefaultFault()
+	f.Mode = mode
+	f.SlowMS = 5000
+	if _, err := b.fake.SetFaults(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) cancel(t *testing.T, policyID int64, key string) (policies.Operation, error) {
+	t.Helper()
+	return b.canceller.Cancel(context.Background(), policies.CancelRequest{
+		UserID: b.alice, PolicyID: policyID, RequestKey: key, Reason: "moving abroad", Actor: "test " + key,
+	}, nil)
+}
+
+func (b *bundle) effects(t *testing.T, policyID int64) int {
+	t.Helper()
+	eff, err := b.fake.Effects(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, pe := range eff.ByPolicy {
+		if pe.PolicyID == policyID {
+			n += int(pe.Count + pe.Pending)
+		}
+	}
+	return n
+}
+
+func (b *bundle) policyStatus(t *testing.T, policyID int64) string {
+	t.Helper()
+	p, err := b.store.Get(context.Background(), b.alice, policyID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Status
+}
+
+func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		mode         fake.Mode
+		status       string
+		policyStatus string
+		effects      int
+		truth        provider.Truth
+		step         string
+	}{
+		{fake.ModeOK, policies.OpSucceeded, policies.StatusCancelled, 1, provider.TruthCompleted, policies.StepDone},
+		{fake.ModeReject, policies.OpFailed, policies.StatusActive, 0, provider.TruthRejected, policies.StepFailed},
+		{fake.ModeError, policies.OpInProgress, policies.StatusActive, 0, provider.TruthNotStarted, policies.StepUnknown},
+		{fake.ModeDrop, policies.OpInProgress, policies.StatusActive, 0, provider.TruthNotStarted, policies.StepUnknown},
+		{fake.ModeLostResponse, policies.OpInProgress, policies.StatusActive, 1, provider.TruthCompleted, policies.StepUnknown},
+		{fake.ModeSlow, policies.OpInProgress, policies.StatusActive, 1, provider.TruthRunning, policies.StepUnknown},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.setMode(t, tc.mode)
+			pid := b.policyIDs[0]
+			op, err := b.cancel(t, pid, "key-1")
+			if err != nil {
+				t.Fatalf("Cancel: %v", err)
+			}
+			if op.Status != tc.status || op.Steps[policies.StepProviderCancel] != tc.step {
+				t.Fatalf("operation %s, steps %v; want %s, provider_cancel %s", op.Status, op.Steps, tc.status, tc.step)
+			}
+			if got := b.policyStatus(t, pid); got != tc.policyStatus {
+				t.Errorf("policy %s, want %s", got, tc.policyStatus)
+			}
+			if got := b.effects(t, pid); got != tc.effects {
+				t.Errorf("provider effects %d, want %d", got, tc.effects)
+			}
+			truth, err := b.fake.Truth(context.Background(), op.ProviderKey)
+			if err != nil || truth != tc.truth {
+				t.Errorf("provider truth %s (%v), want %s", truth, err, tc.truth)
+			}
+			if op.Status == policies.OpInProgress {
+				// Handed over: the lease is already over, so recovery claims it at once.
+				if op.LeaseExpiresAt == nil || op.LeaseExpiresAt.After(time.Now().Add(time.Second)) || op.LastError == nil {
+					t.Errorf("unknown outcome not handed over: lease %v, last_error %v", op.LeaseExpiresAt, op.LastError)
+				}
+			}
+			events, err := b.store.Timeline(context.Background(), op.ID)
+			if err != nil || len(events) != 2 || events[0].ToStatus != policies.OpInProgress || events[1].ToStatus != tc.status {
+				t.Fatalf("timeline %+v, %v", events, err)
+			}
+			if events[1].Statement == "" || events[1].OwnerToken == nil || *events[1].OwnerToken != *op.OwnerToken {
+				t.Errorf("event lacks its statement or owner: %+v", events[1])
+			}
+		})
+	}
+}
+
+func TestARefusedCancellationCanBeStartedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pid := b.policyIDs[1]
+	b.setMode(t, fake.ModeReject)
+	first, err := b.cancel(t, pid, "k1")
+	if err != nil || first.Status != policies.OpFailed {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	b.setMode(t, fake.ModeOK)
+	second, err := b.cancel(t, pid, "k2")
+	if err != nil || second.Status != policies.OpSucceeded {
+		t.Fatalf("second: %+v %v", second, err)
+	}
+	if second.ID != first.ID || second.Run != 2 || second.ProviderKey == first.ProviderKey {
+		t.Fatalf("restart should reuse the row with a new run and provider key: first %+v second %+v", first, second)
+	}
+	if _, err := b.cancel(t, pid, "k3"); !errors.Is(err, policies.ErrDuplicateIntent) {
+		t.Fatalf("cancelling a cancelled policy: %v", err)
+	}
+	if got := b.effects(t, pid); got != 1 {
+		t.Fatalf("effects %d", got)
+	}
+}
+
+func TestUnknownAndForeignPoliciesAreNotFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var bobsPolicy int64
+	b.db.Pool.QueryRow(context.Background(), `SELECT p.id FROM policies p JOIN users u ON u.id = p.user_id WHERE u.name = 'bob' LIMIT 1`).Scan(&bobsPolicy)
+	for _, id := range []int64{bobsPolicy, 999999} {
+		if _, err := b.cancel(t, id, "k"); !errors.Is(err, policies.ErrNotFound) {
+			t.Errorf("policy %d: %v, want ErrNotFound", id, err)
+		}
+	}
+	var n int
+	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM policy_operations`).Scan(&n)
+	if n != 0 {
+		t.Fatalf("%d operations written", n)
+	}
+}
+
+// Fifty requests with fifty different keys — a double-click storm — make one
+// operation and at most one provider effect: business identity at work.
+func TestConcurrentCancellationsWithDifferentKeysMakeOneOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pid := b.policyIDs[2]
+	const n = 50
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var succeeded, duplicate int
+	var other []error
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := b.cancel(t, pid, "click-"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+			mu.Lock()
+			defer mu.Unlock()
+			var dup *policies.DuplicateIntentError
+			switch {
+			case err == nil:
+				succeeded++
+			case errors.As(err, &dup):
+				duplicate++
+			default:
+				other = append(other, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if succeeded != 1 || duplicate != n-1 || len(other) != 0 {
+		t.Fatalf("succeeded %d, duplicate %d, other %v", succeeded, duplicate, other)
+	}
+	var ops int
+	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM policy_operations WHERE policy_id = $1`, pid).Scan(&ops)
+	if ops != 1 || b.effects(t, pid) != 1 {
+		t.Fatalf("operations %d, effects %d", ops, b.effects(t, pid))
+	}
+}
+
+// A request whose operation was taken over while it called the provider
+// cannot record anything: its late write is fenced off and rolls back,
+// including the answer it wanted to store with it.
+func TestALateOwnerIsFencedOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pid := b.policyIDs[3]
+	var op policies.Operation
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		op, err = b.store.StartCancellation(ctx, tx, b.alice, pid, "k", "", policies.Owner{ID: "request A", Lease: time.Second})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone else takes over: a new owner token.
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE policy_operations SET owner_token = gen_random_uuid(), status = 'RECOVERING' WHERE id = $1`, op.ID); err != nil {
+		t.Fatal(err)
+	}
+	finishRan := false
+	_, err = b.canceller.Record(ctx, op.ID, *op.OwnerToken, "request A", provider.Result{Outcome: provider.Confirmed}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+		finishRan = true
+		return nil
+	})
+	if !errors.Is(err, policies.ErrLeaseLost) {
+		t.Fatalf("late Record: %v, want ErrLeaseLost", err)
+	}
+	if finishRan {
+		t.Error("the answer was stored although the outcome was not")
+	}
+	if got := b.policyStatus(t, pid); got != policies.StatusActive {
+		t.Errorf("policy %s after a fenced write", got)
+	}
+	events, _ := b.store.Timeline(ctx, op.ID)
+	if len(events) != 1 {
+		t.Errorf("fenced write left events: %+v", events)
+	}
+}
+
+// Finish runs inside the outcome's transaction: when it fails, the outcome
+// is not recorded either.
+func TestFinishFailingRollsTheOutcomeBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pid := b.policyIDs[4]
+	boom := errors.New("boom")
+	_, err := b.canceller.Cancel(context.Background(), policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "t"},
+		func(context.Context, pgx.Tx, policies.Operation) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("Cancel: %v", err)
+	}
+	op, err := b.store.OperationForPolicy(context.Background(), pid)
+	if err != nil || op.Status != policies.OpInProgress || b.policyStatus(t, pid) != policies.StatusActive {
+		t.Fatalf("after a failed finish: %+v %v, policy %s", op, err, b.policyStatus(t, pid))
+	}
+}
