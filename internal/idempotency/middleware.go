@@ -1,0 +1,439 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/internal/problem"
+)
+
+// Names on the wire.
+const (
+	// HeaderName carries the key on JSON routes (IETF Idempotency-Key draft).
+	HeaderName = "Idempotency-Key"
+	// FormField carries the key in browser forms, minted when the form renders.
+	FormField = "idempotency_key"
+	// ReplayedHeader marks a response sent again from the store.
+	ReplayedHeader = "Idempotent-Replayed"
+	// MaxKeyLength is the longest key accepted, in bytes (= characters: ASCII).
+	MaxKeyLength = 255
+)
+
+// KeySource says where the middleware reads the key.
+type KeySource int
+
+const (
+	// FromHeader reads the Idempotency-Key header (JSON API).
+	FromHeader KeySource = iota
+	// FromFormField reads the idempotency_key form field (browser forms).
+	FromFormField
+)
+
+// Config configures Middleware. Scope is required; the rest has defaults.
+type Config struct {
+	// KeyFrom is where the key comes from. Default FromHeader.
+	KeyFrom KeySource
+	// Scope returns the signed-in user, whose keys these are. Authentication
+	// runs before this middleware; ok = false is answered 401.
+	Scope func(c echo.Context) (userID int64, ok bool)
+	// HTML, when set, answers every refusal (missing or malformed key, 409,
+	// 422, …) instead of returning p as an error, so a browser sees a clear
+	// page rather than problem+json. The middleware has already set
+	// Retry-After when p.Status is 409.
+	HTML func(c echo.Context, p *problem.Problem) error
+	// WaitInFlight is how long a duplicate waits for the in-flight original to
+	// complete, polling, before it is answered 409. 0 (the default, right for
+	// the API) answers 409 at once; forms may wait a moment so a double-click
+	// lands on the original's redirect.
+	WaitInFlight time.Duration
+	// RetryAfter is the Retry-After sent with 409. Default 1s: an in-flight
+	// request normally finishes within milliseconds; the lease bounds a crash,
+	// it is not the expected wait.
+	RetryAfter time.Duration
+	// MaxBodyBytes bounds the body read for the fingerprint. Default 1 MiB.
+	MaxBodyBytes int64
+	// IgnoreFormFields are form fields left out of the fingerprint besides
+	// the key itself. Default "_csrf" and "csrf_token" (a fresh CSRF token per
+	// render must not make a double-click look like a different request).
+	IgnoreFormFields []string
+	// Logger receives bookkeeping failures the client cannot be told about.
+	// Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (cfg Config) withDefaults() Config {
+	if cfg.Scope == nil {
+		panic("idempotency: Config.Scope is required")
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = time.Second
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.IgnoreFormFields == nil {
+		cfg.IgnoreFormFields = []string{"_csrf", "csrf_token"}
+	}
+	cfg.IgnoreFormFields = append([]string{FormField}, cfg.IgnoreFormFields...)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// Middleware makes the routes it wraps idempotent per the IETF Idempotency-Key
+// draft. For each request it validates the key, fingerprints the request and
+// asks store.Acquire what to do:
+//
+//   - execute: the handler runs with the claim in its context (ClaimFrom) and
+//     completes it inside its own transaction; outcomes it did not complete
+//     are stored here (see below);
+//   - replay: the stored status, headers and body, plus Idempotent-Replayed: true;
+//   - refuse with a *problem.Problem: 400 idempotency-key-missing or
+//     idempotency-key-malformed, 409 request-in-progress (with Retry-After),
+//     422 idempotency-key-reused, 413 request-too-large, 401 unauthenticated.
+//
+// After the handler returns:
+//
+//   - it completed the claim and returned nil: nothing left to do;
+//   - it returned Reject(err): the key is released (stored nothing) and err
+//     goes on to the error handler — validation failures, before any write;
+//   - it returned nil without completing, or a *problem.Problem or
+//     *echo.HTTPError (an outcome it chose, e.g. 404): the error is rendered
+//     now by the server's HTTPErrorHandler, and the response is stored — if
+//     the key is still ours — so a retry replays it;
+//   - it returned any other error (an unexpected 500: a failed or rolled-back
+//     transaction): the key is released so a retry executes afresh;
+//   - it panicked or the process died: the key stays IN_PROGRESS until its
+//     lease expires, then a retry takes it over — the crash path, on purpose.
+//
+// Install it after routing and authentication (route or group middleware).
+func Middleware(store *Store, cfg Config) echo.MiddlewareFunc {
+	cfg = cfg.withDefaults()
+	m := &middleware{store: store, cfg: cfg}
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error { return m.serve(c, next) }
+	}
+}
+
+type middleware struct {
+	store *Store
+	cfg   Config
+}
+
+func (m *middleware) serve(c echo.Context, next echo.HandlerFunc) error {
+	userID, ok := m.cfg.Scope(c)
+	if !ok {
+		return m.refuse(c, problem.New(http.StatusUnauthorized, "unauthenticated",
+			"Not signed in", "Sign in before sending a request with an idempotency key."))
+	}
+	body, p := readBody(c, m.cfg.MaxBodyBytes)
+	if p != nil {
+		return m.refuse(c, p)
+	}
+	key, p := m.key(c.Request(), body)
+	if p != nil {
+		return m.refuse(c, p)
+	}
+	fingerprint := Fingerprint(Request{
+		Method:       c.Request().Method,
+		Route:        c.Path(),
+		Params:       paramPairs(c),
+		Query:        c.Request().URL.RawQuery,
+		ContentType:  c.Request().Header.Get(echo.HeaderContentType),
+		Body:         body,
+		IgnoreFields: m.cfg.IgnoreFormFields,
+	})
+
+	claim, rec, err := m.acquire(c.Request().Context(), userID, key, fingerprint)
+	switch {
+	case errors.Is(err, ErrFingerprintMismatch):
+		return m.refuse(c, problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
+			"Idempotency key reused",
+			"This idempotency key was already used for a different request (method, path or body). Use a new key for a new request."))
+	case errors.Is(err, ErrInProgress):
+		c.Response().Header().Set("Retry-After", strconv.Itoa(int((m.cfg.RetryAfter+time.Second-1)/time.Second)))
+		return m.refuse(c, problem.New(http.StatusConflict, "request-in-progress",
+			"Request in progress",
+			"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."))
+	case err != nil:
+		return err
+	case rec != nil:
+		return replay(c, rec.Response)
+	}
+	return m.execute(c, next, claim)
+}
+
+// acquire is store.Acquire, polling for up to WaitInFlight while the
+// original request is in flight.
+func (m *middleware) acquire(ctx context.Context, userID int64, key string, fingerprint []byte) (*Claim, *Record, error) {
+	deadline := time.Now().Add(m.cfg.WaitInFlight)
+	for {
+		claim, rec, err := m.store.Acquire(ctx, userID, key, fingerprint)
+		if !errors.Is(err, ErrInProgress) || time.Now().After(deadline) {
+			return claim, rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (m *middleware) execute(c echo.Context, next echo.HandlerFunc, claim *Claim) error {
+	// Tee what the handler writes, so an outcome it did not complete itself
+	// can be stored as the client saw it.
+	res := c.Response()
+	original := res.Writer
+	rec := &recorder{ResponseWriter: original}
+	res.Writer = rec
+	defer func() { res.Writer = original }()
+	c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), claimKey{}, claim)))
+
+	err := next(c)
+	// Bookkeeping must happen even if the client has gone away.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
+	defer cancel()
+
+	var rejected *rejection
+	switch {
+	case errors.As(err, &rejected):
+		m.release(ctx, claim)
+		return rejected.err
+	case err == nil && claim.completed != nil:
+		if !bytes.Equal(rec.body.Bytes(), claim.completed.Body) {
+			m.cfg.Logger.Warn("idempotency: handler wrote a body that differs from the one it completed; replays will differ",
+				"key", claim.Key, "route", c.Path())
+		}
+		return nil
+	case err != nil && !chosen(err):
+		m.release(ctx, claim)
+		return err
+	}
+	if err != nil {
+		c.Error(err) // the server's error handler writes it, into the recorder
+	}
+	resp := Response{Status: res.Status, Header: http.Header{}, Body: rec.body.Bytes()}
+	if !res.Committed {
+		resp.Status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
+	}
+	for _, name := range storedHeaders {
+		if v := res.Header().Values(name); len(v) > 0 {
+			resp.Header[name] = v
+		}
+	}
+	if err := m.store.Complete(ctx, m.store.pool, claim, resp); err != nil {
+		m.cfg.Logger.Warn("idempotency: could not store a response the handler did not complete",
+			"key", claim.Key, "route", c.Path(), "err", err)
+	}
+	return nil
+}
+
+// storedHeaders are the response headers kept for replay: those that change
+// what the response means. Per-response headers (Date, request ids,
+// Set-Cookie) are not replayed.
+var storedHeaders = []string{echo.HeaderContentType, echo.HeaderLocation, "Content-Language"}
+
+// chosen reports whether err is an outcome a handler returned on purpose
+// (a problem or an HTTP error with its status), as opposed to a failure.
+func chosen(err error) bool {
+	var p *problem.Problem
+	var he *echo.HTTPError
+	return errors.As(err, &p) || errors.As(err, &he)
+}
+
+func (m *middleware) release(ctx context.Context, claim *Claim) {
+	if err := m.store.Release(ctx, claim); err != nil && !errors.Is(err, ErrLeaseLost) {
+		// The key stays IN_PROGRESS until its lease expires: a retry then takes over.
+		m.cfg.Logger.Warn("idempotency: release failed", "key", claim.Key, "err", err)
+	}
+}
+
+func (m *middleware) refuse(c echo.Context, p *problem.Problem) error {
+	p.Instance = c.Request().URL.Path
+	if m.cfg.HTML != nil {
+		return m.cfg.HTML(c, p)
+	}
+	return p
+}
+
+// replay sends a stored response again, byte for byte.
+func replay(c echo.Context, resp Response) error {
+	c.Response().Header().Set(ReplayedHeader, "true")
+	return resp.Write(c)
+}
+
+// Write sends r: its headers, status and body. A handler writes the Response
+// it completed with this, so the first answer and every replay are the same.
+func (r Response) Write(c echo.Context) error {
+	h := c.Response().Header()
+	for name, values := range r.Header {
+		h[name] = values
+	}
+	c.Response().WriteHeader(r.status())
+	_, err := c.Response().Write(r.Body)
+	return err
+}
+
+// Reject marks err as a refusal before execution (typically a validation
+// error): the middleware releases the key, so nothing is stored and the
+// corrected request may reuse it, and then returns err itself.
+func Reject(err error) error { return &rejection{err: err} }
+
+type rejection struct{ err error }
+
+func (r *rejection) Error() string { return r.err.Error() }
+func (r *rejection) Unwrap() error { return r.err }
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim the middleware put in ctx, or nil on a route
+// without the middleware (a nil *Claim's methods do nothing).
+func ClaimFrom(ctx context.Context) *Claim {
+	c, _ := ctx.Value(claimKey{}).(*Claim)
+	return c
+}
+
+// ValidateKey checks the protocol's key rule: 1 to 255 visible ASCII
+// characters (0x21–0x7E). UUIDs and ULIDs fit; spaces, control characters and
+// non-ASCII do not, so keys survive logs and copy-paste unchanged. The error
+// says which rule failed, in words fit for a problem's detail.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("the idempotency key is empty")
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("the idempotency key is %d characters long; at most %d are allowed", len(key), MaxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if b := key[i]; b < 0x21 || b > 0x7E {
+			return fmt.Errorf("the idempotency key has a byte 0x%02X at position %d; only visible ASCII characters (0x21-0x7E) are allowed", b, i)
+		}
+	}
+	return nil
+}
+
+// ParseKeyHeader reads an Idempotency-Key header value. The draft defines it
+// as a Structured Field string ("…" with \" and \\ escapes); most clients send
+// the bare token. Both are accepted and mean the same key.
+func ParseKeyHeader(value string) (string, error) {
+	key := value
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		var b strings.Builder
+		inner := value[1 : len(value)-1]
+		for i := 0; i < len(inner); i++ {
+			ch := inner[i]
+			if ch == '\\' {
+				if i+1 == len(inner) || (inner[i+1] != '"' && inner[i+1] != '\\') {
+					return "", errors.New("the idempotency key is a quoted string with an invalid escape")
+				}
+				i++
+				ch = inner[i]
+			} else if ch == '"' {
+				return "", errors.New("the idempotency key is a quoted string with an unescaped quote")
+			}
+			b.WriteByte(ch)
+		}
+		key = b.String()
+	}
+	return key, ValidateKey(key)
+}
+
+func (m *middleware) key(r *http.Request, body []byte) (string, *problem.Problem) {
+	var (
+		raw     []string
+		where   string
+		present bool
+	)
+	if m.cfg.KeyFrom == FromFormField {
+		where = "the " + FormField + " form field"
+		form, err := url.ParseQuery(string(body))
+		if err == nil {
+			raw, present = form[FormField]
+		}
+	} else {
+		where = "the " + HeaderName + " header"
+		raw, present = r.Header[http.CanonicalHeaderKey(HeaderName)]
+	}
+	if !present {
+		return "", problem.New(http.StatusBadRequest, "idempotency-key-missing", "Idempotency key missing",
+			"This request changes state, so it needs an idempotency key in "+where+": a unique value (such as a UUID) per intended operation, repeated unchanged on every retry.")
+	}
+	malformed := func(detail string) *problem.Problem {
+		return problem.New(http.StatusBadRequest, "idempotency-key-malformed", "Idempotency key malformed",
+			"Bad idempotency key in "+where+": "+detail+".")
+	}
+	if len(raw) != 1 {
+		return "", malformed("it was sent more than once")
+	}
+	var (
+		key string
+		err error
+	)
+	if m.cfg.KeyFrom == FromFormField {
+		key, err = raw[0], ValidateKey(raw[0])
+	} else {
+		key, err = ParseKeyHeader(raw[0])
+	}
+	if err != nil {
+		return "", malformed(err.Error())
+	}
+	return key, nil
+}
+
+// readBody reads the whole body (at most limit bytes) and puts it back so the
+// handler can read it again.
+func readBody(c echo.Context, limit int64) ([]byte, *problem.Problem) {
+	r := c.Request()
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	r.Body.Close()
+	if err != nil {
+		return nil, problem.New(http.StatusBadRequest, "request-body-unreadable", "Request body unreadable", err.Error())
+	}
+	if int64(len(body)) > limit {
+		return nil, problem.New(http.StatusRequestEntityTooLarge, "request-too-large", "Request too large",
+			fmt.Sprintf("The request body is over %d bytes.", limit))
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+func paramPairs(c echo.Context) []string {
+	names, values := c.ParamNames(), c.ParamValues()
+	pairs := make([]string, 0, 2*len(names))
+	for i, name := range names {
+		if i < len(values) {
+			pairs = append(pairs, name, values[i])
+		}
+	}
+	return pairs
+}
+
+// recorder passes writes through to the client and keeps a copy of the body.
+type recorder struct {
+	http.ResponseWriter
+	body bytes.Buffer
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.body.Write(b)
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the real writer (Flush, deadlines).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
