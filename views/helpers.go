@@ -17,11 +17,11 @@ func int64Text(n int64) string { return strconv.FormatInt(n, 10) }
 // statusClass maps a status to the CSS class family that colours it.
 func statusClass(status string) string {
 	switch status {
-	case "ACTIVE", "AVAILABLE", "SUCCEEDED", "COMPLETED", "CONFIRMED":
+	case "ACTIVE", "AVAILABLE", "SUCCEEDED", "COMPLETED", "CONFIRMED", "DONE":
 		return "ok"
-	case "CANCELLED", "BOOKED", "FAILED", "REJECTED":
+	case "CANCELLED", "BOOKED", "FAILED", "REJECTED", "NOT_STARTED":
 		return "done"
-	case "IN_PROGRESS", "RECOVERING", "RUNNING":
+	case "IN_PROGRESS", "RECOVERING", "RUNNING", "PENDING", "UNKNOWN":
 		return "busy"
 	case "NEEDS_RECONCILIATION":
 		return "alert"
@@ -35,4 +35,29 @@ func slotLabel(status string) string {
 		return "free"
 	}
 	return "booked"
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+// truthExplanation says what a provider truth means for the operation.
+func truthExplanation(truth string) string {
+	switch truth {
+	case "NOT_STARTED":
+		return "The provider has no record of this key: the call never arrived (or never will). Retrying it is safe."
+	case "RUNNING":
+		return "The provider accepted the call and is still working on it."
+	case "COMPLETED":
+		return "The provider applied the cancellation."
+	case "REJECTED":
+		return "The provider refused the cancellation; nothing was applied."
+	default:
+		return ""
+	}
 }

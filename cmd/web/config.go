@@ -30,6 +30,16 @@ type config struct {
 	ProviderTimeout    time.Duration // PROVIDER_TIMEOUT: how long one provider call may take
 	ProviderFaultMode  string        // PROVIDER_FAULT_MODE: the global fault mode set at start
 	ProviderIdempotent string        // PROVIDER_IDEMPOTENT: true|false, set at start
+
+	IdempotencyLease time.Duration // IDEMPOTENCY_LEASE: how long a request owns its key
+	IdempotencyTTL   time.Duration // IDEMPOTENCY_TTL: how long completed keys are replayed
+	OperationLease   time.Duration // OPERATION_LEASE: how long a request owns its operation
+
+	// CrashAt makes the process die at a point of the cancellation
+	// (CRASH_AT=after_claim|after_provider_call|after_commit); CrashMode is
+	// exit (SIGKILL itself) or abandon (end only the request).
+	CrashAt   string
+	CrashMode string
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -46,6 +56,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderAddr:       or(getenv("PROVIDER_ADDR"), ":8081"),
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
+
+		CrashAt:   getenv("CRASH_AT"),
+		CrashMode: or(getenv("CRASH_MODE"), crashExit),
 	}
 	var err error
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 20); err != nil {
@@ -55,6 +68,18 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.ProviderTimeout, err = durationEnv(getenv, "PROVIDER_TIMEOUT", 2*time.Second); err != nil {
+		return c, err
+	}
+	if c.IdempotencyLease, err = durationEnv(getenv, "IDEMPOTENCY_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.IdempotencyTTL, err = durationEnv(getenv, "IDEMPOTENCY_TTL", 24*time.Hour); err != nil {
+		return c, err
+	}
+	if c.OperationLease, err = durationEnv(getenv, "OPERATION_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if err := validateCrash(c.CrashAt, c.CrashMode); err != nil {
 		return c, err
 	}
 	if v := c.ProviderIdempotent; v != "" && v != "true" && v != "false" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -23,6 +24,9 @@ var errorTable = []struct {
 	title  string
 }{
 	{policies.ErrNotFound, http.StatusNotFound, "not-found", "Policy not found"},
+	{policies.ErrOperationNotFound, http.StatusNotFound, "not-found", "Operation not found"},
+	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
+	{policies.ErrLeaseLost, http.StatusConflict, "lease-lost", "Another worker took over the operation"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 }
 
@@ -36,7 +40,7 @@ func toProblem(err error) (*problem.Problem, bool) {
 	}
 	for _, row := range errorTable {
 		if errors.Is(err, row.err) {
-			return problem.New(row.status, row.typ, row.title, err.Error()), true
+			return enrich(problem.New(row.status, row.typ, row.title, err.Error()), err), true
 		}
 	}
 	var he *echo.HTTPError
@@ -45,6 +49,35 @@ func toProblem(err error) (*problem.Problem, bool) {
 	}
 	return problem.New(http.StatusInternalServerError, "internal", "Internal error",
 		"something went wrong on our side; the request id in X-Request-Id helps us find it"), false
+}
+
+// enrich adds the members some errors carry, so a client can act on the
+// answer without parsing the detail.
+func enrich(p *problem.Problem, err error) *problem.Problem {
+	var dup *policies.DuplicateIntentError
+	if errors.As(err, &dup) {
+		p.With("operation_id", dup.OperationID).With("operation_status", dup.Status).
+			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", dup.OperationID))
+	}
+	return p
+}
+
+// translateErrors turns a handler's domain error into its problem right
+// away, inside the idempotency middleware, which stores problems as chosen
+// outcomes (a 409 duplicate-intent is replayed like a 200) and releases the
+// key for anything else (an unexpected 500 may be retried).
+func translateErrors(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		err := next(c)
+		var already *problem.Problem
+		if err == nil || errors.As(err, &already) {
+			return err // a problem already, perhaps marked idempotency.Reject: keep it as it is
+		}
+		if p, known := toProblem(err); known {
+			return p
+		}
+		return err
+	}
 }
 
 // httpErrorProblem covers the errors Echo itself raises (no route, body

@@ -1,11 +1,23 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
 	"net/http"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -54,4 +66,169 @@ func (app *application) handlePoliciesPage(c echo.Context) error {
 		rows[i] = views.PolicyRow{ID: p.ID, Number: p.Number, Holder: p.Holder, Premium: p.Premium, Status: p.Status}
 	}
 	return render(c, http.StatusOK, views.PoliciesPage(app.page(c, "Policies", "policies"), rows))
+}
+
+// cancelBody is the optional JSON body of POST /api/v1/policies/{id}/cancel.
+type cancelBody struct {
+	Reason string `json:"reason"`
+}
+
+const maxReasonLength = 500
+
+// handleCancelPolicy: POST /api/v1/policies/:id/cancel (Idempotency-Key).
+// 200 SUCCEEDED · 202 IN_PROGRESS + Location (outcome unknown; recovery
+// finishes it) · 422 provider-rejected · 409 duplicate-intent · 404.
+func (app *application) handleCancelPolicy(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	var in cancelBody
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return idempotency.Reject(err) // refused before execution: nothing stored
+	}
+	if err := validateReason(in.Reason); err != nil {
+		return idempotency.Reject(err)
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	var answer idempotency.Response
+	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
+		UserID: u.ID, PolicyID: id, Reason: in.Reason, RequestKey: claim.Key, Actor: app.actor(c),
+	}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+		// The answer is stored in the same commit as the outcome.
+		var err error
+		if answer, err = cancelAnswer(op); err != nil {
+			return err
+		}
+		return claim.Complete(ctx, tx, answer)
+	})
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// cancelAnswer is the API's answer for an operation as committed.
+func cancelAnswer(op policies.Operation) (idempotency.Response, error) {
+	switch op.Status {
+	case policies.OpSucceeded:
+		return idempotency.JSONResponse(http.StatusOK, op)
+	case policies.OpFailed:
+		reason := ""
+		if op.LastError != nil {
+			reason = *op.LastError
+		}
+		p := problem.New(http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation", reason).
+			With("operation_id", op.ID).With("operation_url", operationURL(op.ID))
+		body, err := json.Marshal(p)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return idempotency.Response{
+			Status: http.StatusUnprocessableEntity,
+			Header: http.Header{echo.HeaderContentType: {problem.ContentType}},
+			Body:   append(body, '\n'),
+		}, nil
+	default: // IN_PROGRESS: the outcome is unknown; it is not a failure
+		resp, err := idempotency.JSONResponse(http.StatusAccepted, op)
+		resp.Header.Set(echo.HeaderLocation, operationURL(op.ID))
+		return resp, err
+	}
+}
+
+func operationURL(id int64) string { return fmt.Sprintf("/api/v1/operations/%d", id) }
+
+// decodeOptionalJSON decodes a JSON body into v; an empty body leaves v as
+// it is. Unknown fields and trailing data are errors, so a typo in a field
+// name is not silently ignored.
+func decodeOptionalJSON(c echo.Context, v any) error {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	ct := c.Request().Header.Get(echo.HeaderContentType)
+	if mt, _, _ := mime.ParseMediaType(ct); mt != echo.MIMEApplicationJSON {
+		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			"send the body as application/json")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON", "the body is not valid JSON for this request: "+err.Error())
+	}
+	if dec.More() {
+		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON", "the body has data after the JSON value")
+	}
+	return nil
+}
+
+func validateReason(reason string) error {
+	if len(reason) > maxReasonLength || !utf8.ValidString(reason) {
+		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid reason",
+			fmt.Sprintf("reason must be valid UTF-8 text of at most %d bytes", maxReasonLength)).With("field", "reason")
+	}
+	return nil
+}
+
+// handlePolicyPage: GET /policies/:id — the policy and its cancel form.
+func (app *application) handlePolicyPage(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	p, err := app.policies.Get(ctx, u.ID, id)
+	if err != nil {
+		return err
+	}
+	vm := views.PolicyDetail{ID: p.ID, Number: p.Number, Holder: p.Holder, Premium: p.Premium, Status: p.Status, CancelKey: newFormKey()}
+	op, err := app.policies.OperationForPolicy(ctx, p.ID)
+	switch {
+	case err == nil:
+		vm.OperationID, vm.OperationStatus = op.ID, op.Status
+	case !errors.Is(err, policies.ErrOperationNotFound):
+		return err
+	}
+	vm.CanCancel = p.Status == policies.StatusActive && (vm.OperationID == 0 || op.Status == policies.OpFailed)
+	return render(c, http.StatusOK, views.PolicyPage(app.page(c, p.Number, "policies"), vm))
+}
+
+// handleCancelPolicyForm: POST /policies/:id/cancel (form, hidden
+// idempotency_key). Whatever the outcome, the answer is a redirect to the
+// operation page (POST/redirect/GET), stored with the outcome, so a
+// double-click or a reload of the POST lands on the same page.
+func (app *application) handleCancelPolicyForm(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	reason := c.FormValue("reason")
+	if err := validateReason(reason); err != nil {
+		return idempotency.Reject(err)
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	var answer idempotency.Response
+	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
+		UserID: u.ID, PolicyID: id, Reason: reason, RequestKey: claim.Key, Actor: app.actor(c),
+	}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/operations/%d", op.ID))
+		return claim.Complete(ctx, tx, answer)
+	})
+	var dup *policies.DuplicateIntentError
+	if errors.As(err, &dup) {
+		// Another click with another key got there first: show its operation.
+		return c.Redirect(http.StatusSeeOther, fmt.Sprintf("/operations/%d?notice=duplicate-intent", dup.OperationID))
+	}
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
 }

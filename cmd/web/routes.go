@@ -26,10 +26,12 @@ func (app *application) routes() *echo.Echo {
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := e.Group("/api/v1", app.authenticateBearer)
-	api.GET("/policies", app.handleListPolicies)         // the caller's policies, ?status=, paginated
-	api.GET("/policies/:id", app.handleGetPolicy)        // one of the caller's policies
-	api.GET("/slots", app.handleListSlots)               // every slot, ?status=, paginated
-	api.GET("/users", app.handleListUsers, requireAdmin) // every account (admin)
+	api.GET("/policies", app.handleListPolicies)                                                   // the caller's policies, ?status=, paginated
+	api.GET("/policies/:id", app.handleGetPolicy)                                                  // one of the caller's policies
+	api.GET("/slots", app.handleListSlots)                                                         // every slot, ?status=, paginated
+	api.GET("/users", app.handleListUsers, requireAdmin)                                           // every account (admin)
+	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors) // cancel (Idempotency-Key)
+	api.GET("/operations/:id", app.handleGetOperation)                                             // status, steps, timeline, provider truth
 
 	// Browser pages: a signed session cookie, and CSRF on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
@@ -83,6 +84,10 @@ type application struct {
 	// fake provider's faults and reads its ledger, wherever it runs.
 	provider        *provider.HTTPClient
 	providerControl *fake.Control
+
+	idempotency *idempotency.Store
+	canceller   *policies.Canceller
+	crash       *crashSwitch
 }
 
 // serve opens the database, migrates, seeds, starts the HTTP server and the
@@ -157,7 +162,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 
 		provider:        providerClient,
 		providerControl: providerControl,
+
+		idempotency: idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL),
+		canceller:   policies.NewCanceller(pool, providerClient, cfg.OperationLease),
+		crash:       &crashSwitch{at: policies.CrashPoint(cfg.CrashAt), mode: cfg.CrashMode},
 	}
+	app.canceller.Crash = app.crash.hook(logger)
 	e := app.routes()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -176,7 +186,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	loopCtx, stopLoops := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
 	defer func() { stopLoops(); loops.Wait() }()
-	_ = loopCtx
+	startLoop := func(run func(context.Context)) {
+		loops.Add(1)
+		go func() { defer loops.Done(); run(loopCtx) }()
+	}
+	// Completed keys are replayed for IDEMPOTENCY_TTL, then purged.
+	startLoop(idempotency.NewJanitor(app.idempotency, idempotency.JanitorConfig{Logger: logger}).Run)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -102,7 +102,7 @@ func (cfg Config) withDefaults() Config {
 //   - replay: the stored status, headers and body, plus Idempotent-Replayed: true;
 //   - refuse with a *problem.Problem: 400 idempotency-key-missing or
 //     idempotency-key-malformed, 409 request-in-progress (with Retry-After),
-//     422 idempotency-key-reused, 413 request-too-large, 401 unauthenticated.
+//     422 idempotency-key-reused, 413 body-too-large, 401 unauthenticated.
 //
 // After the handler returns:
 //
@@ -406,7 +406,7 @@ func readBody(c echo.Context, limit int64) ([]byte, *problem.Problem) {
 		return nil, problem.New(http.StatusBadRequest, "request-body-unreadable", "Request body unreadable", err.Error())
 	}
 	if int64(len(body)) > limit {
-		return nil, problem.New(http.StatusRequestEntityTooLarge, "request-too-large", "Request too large",
+		return nil, problem.New(http.StatusRequestEntityTooLarge, "body-too-large", "Request too large",
 			fmt.Sprintf("The request body is over %d bytes.", limit))
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
