@@ -218,8 +218,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 // for tests that start the server on port 0 and read the address back.
 func banner(w io.Writer, addr net.Addr, providerURL string, accounts []demo.Account) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "idemlab listening on http://%s\n", dialable(addr))
 	fmt.Fprintf(&b, "provider at %s\n", providerURL)
+	fmt.Fprintf(&b, "idemlab listening on http://%s\n", dialable(addr))
 	b.WriteString("demo API tokens (Authorization: Bearer <token>):\n")
 	for _, a := range accounts {
 		fmt.Fprintf(&b, "  %-6s %s\n", a.Name, a.Token)

@@ -18,9 +18,10 @@ import (
 // testServer is the real program — run(), migrations, seed, Echo, every
 // middleware — listening on a random port against a fresh database.
 type testServer struct {
-	URL string
-	DB  *testdb.DB
-	t   testing.TB
+	URL         string
+	ProviderURL string // the fake provider this server calls
+	DB          *testdb.DB
+	t           testing.TB
 }
 
 // startServer runs the app as main would, with env added to a minimal
@@ -66,7 +67,7 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 
 	select {
 	case url := <-out.found:
-		return &testServer{URL: url, DB: db, t: t}
+		return &testServer{URL: url, ProviderURL: out.providerURL(), DB: db, t: t}
 	case err := <-done:
 		t.Fatalf("run ended before listening: %v", err)
 	case <-time.After(30 * time.Second):
@@ -81,6 +82,19 @@ type addrWatcher struct {
 	buf   bytes.Buffer
 	found chan string
 	done  bool
+}
+
+// providerURL is the "provider at" line of the banner (printed before the
+// listening line).
+func (w *addrWatcher) providerURL() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, line := range strings.Split(w.buf.String(), "\n") {
+		if _, url, ok := strings.Cut(line, "provider at "); ok {
+			return strings.TrimSpace(url)
+		}
+	}
+	return ""
 }
 
 func (w *addrWatcher) Write(p []byte) (int, error) {
