@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/views"
 )
@@ -24,6 +25,8 @@ var errorTable = []struct {
 }{
 	{policies.ErrNotFound, http.StatusNotFound, "not-found", "Policy not found"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
+	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
+	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown
