@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -54,7 +55,8 @@ func (app *application) handleGetProviderFaults(c echo.Context) error {
 // the whole new configuration.
 func (app *application) handlePutProviderFaults(c echo.Context) error {
 	var f fake.Fault // its UnmarshalJSON starts from fake.DefaultFault
-	if err := json.NewDecoder(c.Request().Body).Decode(&f); err != nil {
+	dec := json.NewDecoder(c.Request().Body)
+	if err := dec.Decode(&f); err != nil || dec.Decode(&struct{}{}) != io.EOF {
 		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON",
 			"the body must be one fault object, such as {\"mode\":\"lost_response\",\"idempotent\":true}")
 	}

@@ -138,6 +138,8 @@ func TestProviderControlAPIRefusesBadFaults(t *testing.T) {
 		{`{"mode":`, "invalid-json", ""},
 		{`not json`, "invalid-json", ""},
 		{`{"mode":5}`, "invalid-json", ""},
+		{`{"mode":"ok"} {"mode":"drop"}`, "invalid-json", ""},
+		{``, "invalid-json", ""},
 	} {
 		r := s.do(request{Method: "PUT", Path: "/api/v1/provider/faults", Token: "demo-admin", Body: tc.body})
 		var p struct{ Detail string }
