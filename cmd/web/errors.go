@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/views"
 )
@@ -28,6 +29,8 @@ var errorTable = []struct {
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{policies.ErrLeaseLost, http.StatusConflict, "lease-lost", "Another worker took over the operation"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
+	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
+	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown

@@ -33,6 +33,13 @@ func (app *application) routes() *echo.Echo {
 	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors) // cancel (Idempotency-Key)
 	api.GET("/operations/:id", app.handleGetOperation)                                             // status, steps, timeline, provider truth
 
+	// The fake provider's controls (admin). No Idempotency-Key: they set up a
+	// test double, and PUT and reset are idempotent by nature (docs/api.md).
+	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration
+	api.PUT("/provider/faults", app.handlePutProviderFaults, requireAdmin)   // set one fault: global, override or script entry
+	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy
+	api.POST("/provider/reset", app.handleResetProvider, requireAdmin)       // forget everything, default faults
+
 	// Browser pages: a signed session cookie, and CSRF on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}
 	signedIn := append(page[:len(page):len(page)], requireSignIn)
@@ -42,5 +49,9 @@ func (app *application) routes() *echo.Echo {
 	e.POST("/signout", app.handleSignOut, page...)          // clears it
 	e.GET("/policies", app.handlePoliciesPage, signedIn...) // your policies
 	e.GET("/slots", app.handleSlotsPage, signedIn...)       // the slots grid
+	e.GET("/provider", app.handleProviderPage, signedIn...) // the fake provider: faults, ledger, what each mode means
+	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
+	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)
+	e.POST("/provider/reset", app.handleProviderResetForm, adminOnly...)   // the page's reset button (admin)
 	return e
 }
