@@ -54,15 +54,17 @@ func New(t testing.TB) context.Context {
 		chromedp.WindowSize(1280, 900),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelCtx := chromedp.NewContext(allocCtx)
-	// A generous bound for one test's browser work; each step is short.
-	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
-	if err := chromedp.Run(ctx); err != nil { // start the browser now, so failures point here
-		cancelTimeout()
+	tabCtx, cancelCtx := chromedp.NewContext(allocCtx)
+	// Start the browser on tabCtx: the first Run ties the browser's life to
+	// its context, so it must not be the one with the deadline below.
+	if err := chromedp.Run(tabCtx); err != nil {
 		cancelCtx()
 		cancelAlloc()
 		t.Fatalf("browsertest: start Chromium: %v", err)
 	}
+	// A bound for one test's browser work; each step is short, and a step
+	// waiting for something that never appears should fail the test soon.
+	ctx, cancelTimeout := context.WithTimeout(tabCtx, 60*time.Second)
 	t.Cleanup(func() {
 		cancelTimeout()
 		cancelCtx()
@@ -77,8 +79,11 @@ func New(t testing.TB) context.Context {
 	// Registered after the browser's cleanup, so it runs before it (LIFO).
 	t.Cleanup(func() {
 		if t.Failed() {
-			if p, err := Screenshot(ctx, t, "failure"); err == nil {
+			// tabCtx, not ctx: ctx may be the deadline that failed the test.
+			if p, err := Screenshot(tabCtx, t, "failure"); err == nil {
 				t.Logf("browsertest: screenshot of the failing page: %s", p)
+			} else {
+				t.Logf("browsertest: no screenshot of the failing page: %v", err)
 			}
 		}
 	})

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/idemlab/idemlab/internal/browsertest"
+	"github.com/idemlab/idemlab/internal/provider/fake"
+)
+
+func TestBrowserCancelAPolicy(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": "500ms"})
+	ctx := browsertest.New(t)
+	pid := s.policyOf(t, "demo-alice", 0)
+
+	var status, truth string
+	err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/policies/"+itoa64(pid)),
+		chromedp.SendKeys(`input[name="reason"]`, "moving abroad", chromedp.ByQuery),
+		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="operation-panel"][data-status="SUCCEEDED"]`, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="operation-status"]`, &status, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="provider-truth"]`, &truth, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(status, "SUCCEEDED") || !strings.Contains(truth, "COMPLETED") {
+		t.Errorf("operation page: status %q, truth %q", status, truth)
+	}
+	browsertest.Screenshot(ctx, t, "succeeded")
+
+	// lost_response: the provider applies the cancellation, the answer never
+	// comes back. The page shows the gap: local IN_PROGRESS, remote COMPLETED.
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeLostResponse })
+	pid2 := s.policyOf(t, "demo-alice", 1)
+	err = chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/policies/"+itoa64(pid2)),
+		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="operation-panel"]`, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="operation-status"]`, &status, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="provider-truth"]`, &truth, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(truth, "COMPLETED") {
+		t.Errorf("lost_response: provider truth %q", truth)
+	}
+	browsertest.Screenshot(ctx, t, "lost-response")
+}
+
+func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
