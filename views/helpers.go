@@ -61,3 +61,11 @@ func truthExplanation(truth string) string {
 		return ""
 	}
 }
+
+// shortKey shows the start of a long key.
+func shortKey(k string) string {
+	if len(k) > 12 {
+		return k[:12] + "…"
+	}
+	return k
+}

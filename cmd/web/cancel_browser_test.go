@@ -58,3 +58,47 @@ func TestBrowserCancelAPolicy(t *testing.T) {
 }
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestBrowserDoubleClickLab(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	ctx := browsertest.New(t)
+	p1, p2 := s.policyOf(t, "demo-bob", 0), s.policyOf(t, "demo-bob", 1)
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-bob"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
+	); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		policy       int64
+		button, keys string
+		replayed     bool
+	}{
+		{p1, "lab-same-key", "1", true},
+		{p2, "lab-two-keys", "2", false},
+	} {
+		var keys, ops, effects, result string
+		err := chromedp.Run(ctx,
+			chromedp.Navigate(s.URL+"/policies/"+itoa64(tc.policy)),
+			chromedp.Click(`[data-testid="`+tc.button+`"]`, chromedp.ByQuery),
+			chromedp.WaitVisible(`[data-testid="lab-verdict"]`, chromedp.ByQuery),
+			chromedp.Text(`[data-testid="lab-keys"]`, &keys, chromedp.ByQuery),
+			chromedp.Text(`[data-testid="lab-operations"]`, &ops, chromedp.ByQuery),
+			chromedp.Text(`[data-testid="lab-effects"]`, &effects, chromedp.ByQuery),
+			chromedp.Text(`[data-testid="lab-result"]`, &result, chromedp.ByQuery),
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(keys) != tc.keys || !strings.HasPrefix(strings.TrimSpace(ops), "1") || strings.TrimSpace(effects) != "1" {
+			t.Errorf("%s: keys %q, operations %q, effects %q", tc.button, keys, ops, effects)
+		}
+		if strings.Contains(result, "Idempotent-Replayed") != tc.replayed {
+			t.Errorf("%s: replayed shown %v in %q", tc.button, !tc.replayed, result)
+		}
+		browsertest.Screenshot(ctx, t, tc.button)
+	}
+	s.assertInvariants(t)
+}

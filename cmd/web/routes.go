@@ -54,10 +54,11 @@ func (app *application) routes() *echo.Echo {
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.
 	keyedForm := append(signedIn[:len(signedIn):len(signedIn)], app.idempotentForm(), translateErrors)
-	e.GET("/policies/:id", app.handlePolicyPage, signedIn...)                // one policy and its cancel form
-	e.POST("/policies/:id/cancel", app.handleCancelPolicyForm, keyedForm...) // cancel, then redirect to the operation
-	e.GET("/operations/:id", app.handleOperationPage, signedIn...)           // local state vs provider truth, timeline
-	e.GET("/operations/:id/panel", app.handleOperationPanel, signedIn...)    // the same panel, for htmx polling
+	e.GET("/policies/:id", app.handlePolicyPage, signedIn...)                   // one policy and its cancel form
+	e.POST("/policies/:id/cancel", app.handleCancelPolicyForm, keyedForm...)    // cancel, then redirect to the operation
+	e.POST("/policies/:id/double-click", app.handleDoubleClickLab, signedIn...) // the double-click lab: two submissions at once
+	e.GET("/operations/:id", app.handleOperationPage, signedIn...)              // local state vs provider truth, timeline
+	e.GET("/operations/:id/panel", app.handleOperationPanel, signedIn...)       // the same panel, for htmx polling
 
 	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
 	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)

@@ -85,6 +85,10 @@ type application struct {
 	provider        *provider.HTTPClient
 	providerControl *fake.Control
 
+	// handler is the whole HTTP stack; the double-click lab sends its
+	// requests through it.
+	handler http.Handler
+
 	idempotency *idempotency.Store
 	canceller   *policies.Canceller
 	crash       *crashSwitch
@@ -169,6 +173,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	}
 	app.canceller.Crash = app.crash.hook(logger)
 	e := app.routes()
+	app.handler = e
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
