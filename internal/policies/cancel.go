@@ -76,7 +76,8 @@ type Finish func(ctx context.Context, tx pgx.Tx, op Operation) error
 
 // Cancel runs the workflow and returns the operation as committed: SUCCEEDED,
 // FAILED (the provider refused), or IN_PROGRESS (outcome unknown; recovery
-// finishes it). Errors: ErrNotFound (no such active policy of this user), a
+// finishes it). A retry of the request that started the operation (same
+// key, after its process died) gets the operation as it is now. Errors: ErrNotFound (no such active policy of this user), a
 // *DuplicateIntentError, ErrLeaseLost (someone took the operation over while
 // the provider was called; the outcome is theirs to record).
 func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish) (Operation, error) {
@@ -87,6 +88,10 @@ func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish
 		op, err = c.store.StartCancellation(ctx, tx, req.UserID, req.PolicyID, req.RequestKey, req.Reason, owner)
 		return err
 	})
+	var dup *DuplicateIntentError
+	if errors.As(err, &dup) && dup.SameRequest {
+		return c.answerRetry(ctx, dup.OperationID, req.Actor, finish)
+	}
 	if err != nil {
 		return Operation{}, err
 	}
@@ -138,6 +143,25 @@ func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string,
 		return Operation{}, err
 	}
 	return op, nil
+}
+
+// answerRetry answers a request that comes back with the key that started
+// the operation — its first attempt died before answering. Nothing is
+// called again: the answer is the operation's state now (finished by the
+// recovery loop, or still under way), stored with the key like any answer.
+func (c *Canceller) answerRetry(ctx context.Context, opID int64, actor string, finish Finish) (Operation, error) {
+	var op Operation
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		if op, err = c.store.RecordRetry(ctx, tx, opID, actor); err != nil {
+			return err
+		}
+		if finish != nil {
+			return finish(ctx, tx, op)
+		}
+		return nil
+	})
+	return op, err
 }
 
 func (c *Canceller) crash(ctx context.Context, at CrashPoint) {

@@ -301,3 +301,42 @@ func TestFinishFailingRollsTheOutcomeBack(t *testing.T) {
 		t.Fatalf("after a failed finish: %+v %v, policy %s", op, err, b.policyStatus(t, pid))
 	}
 }
+
+// A request that died after claiming its operation, retried with the same
+// key, is answered with the operation's state: it is not refused as a
+// duplicate, and the provider is not called again by the request.
+func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pid := b.policyIDs[0]
+	var started policies.Operation
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		started, err = b.store.StartCancellation(ctx, tx, b.alice, pid, "key-k", "", policies.Owner{ID: "request that died", Lease: time.Minute})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answered policies.Operation
+	op, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "key-k", Actor: "retry"},
+		func(_ context.Context, _ pgx.Tx, op policies.Operation) error { answered = op; return nil })
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if op.ID != started.ID || op.Status != policies.OpInProgress || answered.ID != op.ID {
+		t.Fatalf("retry got %+v (answered %+v)", op, answered)
+	}
+	if n := b.effects(t, pid); n != 0 {
+		t.Fatalf("the retry called the provider: %d effects", n)
+	}
+	events, _ := b.store.Timeline(ctx, op.ID)
+	if len(events) != 2 || events[1].Actor != "retry" {
+		t.Fatalf("timeline %+v", events)
+	}
+	// Another key is still a duplicate intent.
+	if _, err := b.cancel(t, pid, "other-key"); !errors.Is(err, policies.ErrDuplicateIntent) {
+		t.Fatalf("other key: %v", err)
+	}
+}

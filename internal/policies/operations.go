@@ -55,6 +55,10 @@ var (
 type DuplicateIntentError struct {
 	OperationID int64
 	Status      string
+	// SameRequest: the operation was started by this very request key — a
+	// retry of a request whose process died before it could answer. It is
+	// answered with the operation's state, not refused (see Canceller.Cancel).
+	SameRequest bool
 }
 
 func (e *DuplicateIntentError) Error() string {

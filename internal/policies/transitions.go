@@ -63,7 +63,7 @@ RETURNING ` + opColumns
 // again (same row, next run, new provider key). It returns ErrNotFound when
 // the policy does not exist, is not the user's, or is not ACTIVE without an
 // operation; and a *DuplicateIntentError when a cancellation that is not
-// FAILED exists.
+// FAILED exists, or when requestKey itself started it (SameRequest).
 func (s *Store) StartCancellation(ctx context.Context, tx pgx.Tx, userID, policyID int64, requestKey, reason string, owner Owner) (Operation, error) {
 	op, err := scanOperation(tx.QueryRow(ctx, sqlStartOperation,
 		policyID, userID, requestKey, reason, owner.ID, owner.Lease.Seconds()))
@@ -86,6 +86,9 @@ func (s *Store) StartCancellation(ctx context.Context, tx pgx.Tx, userID, policy
 	}
 	if err != nil {
 		return Operation{}, fmt.Errorf("policies: start cancellation: %w", err)
+	}
+	if existing.IdempotencyKey == requestKey {
+		return Operation{}, &DuplicateIntentError{OperationID: existing.ID, Status: existing.Status, SameRequest: true}
 	}
 	if existing.Status != OpFailed {
 		return Operation{}, &DuplicateIntentError{OperationID: existing.ID, Status: existing.Status}
@@ -184,6 +187,28 @@ func (s *Store) HandOver(ctx context.Context, tx pgx.Tx, opID int64, token, why,
 		return Operation{}, err
 	}
 	return op, recordEvent(ctx, tx, op, &from, actor, "provider outcome unknown, handed to recovery: "+why, sqlHandOver)
+}
+
+const sqlRecordRetry = `
+UPDATE policy_operations
+   SET updated_at = now()
+ WHERE id = $1
+RETURNING ` + opColumns
+
+// RecordRetry notes on the timeline that the request which started the
+// operation came back (its process died before answering, and the client
+// retried with the same key) and returns the operation as it is now. It
+// changes no state: the answer is whatever the operation has become.
+func (s *Store) RecordRetry(ctx context.Context, tx pgx.Tx, opID int64, actor string) (Operation, error) {
+	op, err := scanOperation(tx.QueryRow(ctx, sqlRecordRetry, opID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, ErrOperationNotFound
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("policies: record retry: %w", err)
+	}
+	return op, recordEvent(ctx, tx, op, &op.Status, actor,
+		"the request that started this operation was retried with the same key: answered with the current state", sqlRecordRetry)
 }
 
 // fencedUpdate runs one owner's UPDATE … RETURNING and tells the previous
