@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -283,4 +285,52 @@ func TestCancelRefusesBadInputAndWritesNothing(t *testing.T) {
 		t.Fatalf("corrected request with the released key: %d %s", r.Status, r.Body)
 	}
 	s.assertInvariants(t)
+}
+
+// An admin arms "abandon" at after_provider_call: the request is cut off
+// mid-flight and nothing more is written — the operation and the key stay
+// IN_PROGRESS, as after a crash — while the server stays up.
+func TestAbandonAtACrashPointLeavesWorkInProgress(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-alice", Body: `{"at":"after_claim"}`}); r.Status != 403 {
+		t.Fatalf("customer arming a crash: %d", r.Status)
+	}
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at":"somewhere"}`}); r.Status != 400 || r.problemType() != "invalid-crash-point" {
+		t.Fatalf("bad crash point: %d %s", r.Status, r.Body)
+	}
+	r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at":"after_provider_call","mode":"abandon","once":true}`})
+	if r.Status != 200 {
+		t.Fatalf("arm: %d %s", r.Status, r.Body)
+	}
+	pid := s.policyOf(t, "demo-carol", 0)
+	// Go's Transport itself retries a request carrying Idempotency-Key when
+	// the connection breaks — if it can replay the body. A body it cannot
+	// rewind keeps this to one attempt, so the test sees the cut itself.
+	req, _ := http.NewRequest("POST", fmt.Sprintf("%s/api/v1/policies/%d/cancel", s.URL, pid), io.NopCloser(strings.NewReader("")))
+	req.Header.Set("Authorization", "Bearer demo-carol")
+	req.Header.Set("Idempotency-Key", "abandoned")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("abandoned request answered %d", resp.StatusCode)
+	}
+	var opStatus, keyStatus string
+	s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM policy_operations WHERE policy_id = $1`, pid).Scan(&opStatus)
+	s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE idempotency_key = 'abandoned'`).Scan(&keyStatus)
+	if opStatus != "IN_PROGRESS" || keyStatus != "IN_PROGRESS" {
+		t.Fatalf("after abandon: operation %q, key %q", opStatus, keyStatus)
+	}
+	if n := s.effects(t, pid); n != 1 {
+		t.Fatalf("the provider was called before the crash point: effects %d", n)
+	}
+	// once: disarmed after firing; the server is still up.
+	var cs crashSetting
+	s.do(request{Method: "GET", Path: "/api/v1/admin/crash", Token: "demo-admin"}).JSON(t, &cs)
+	if cs.At != "" {
+		t.Fatalf("still armed: %+v", cs)
+	}
+	// The same key is in flight until its lease runs out.
+	if r := s.do(cancelReq(pid, "demo-carol", "abandoned", "")); r.Status != 409 || r.problemType() != "request-in-progress" {
+		t.Fatalf("retry during the key's lease: %d %s", r.Status, r.Body)
+	}
 }

@@ -35,6 +35,8 @@ func (app *application) routes() *echo.Echo {
 
 	// The fake provider's controls (admin). No Idempotency-Key: they set up a
 	// test double, and PUT and reset are idempotent by nature (docs/api.md).
+	api.GET("/admin/crash", app.handleGetCrash, requireAdmin)                // the crash point armed on this instance
+	api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                // arm or disarm a crash point (labs, tests)
 	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration
 	api.PUT("/provider/faults", app.handlePutProviderFaults, requireAdmin)   // set one fault: global, override or script entry
 	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy
