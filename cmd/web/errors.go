@@ -28,6 +28,11 @@ var errorTable = []struct {
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{policies.ErrLeaseLost, http.StatusConflict, "lease-lost", "Another worker took over the operation"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
+	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},
+	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
+	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
+	{slots.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
+	{slots.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown

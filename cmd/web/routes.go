@@ -33,6 +33,12 @@ func (app *application) routes() *echo.Echo {
 	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors) // cancel (Idempotency-Key)
 	api.GET("/operations/:id", app.handleGetOperation)                                             // status, steps, timeline, provider truth
 
+	// Slots and bookings: contention (docs/booking.md).
+	api.POST("/slots/:id/book", app.handleBookSlot, app.idempotentAPI(), translateErrors)           // 201 booking · 409 slot-taken (Idempotency-Key)
+	api.GET("/bookings", app.handleListBookings)                                                    // the caller's bookings, ?status=, paginated
+	api.GET("/bookings/:id", app.handleGetBooking)                                                  // one of the caller's bookings (any, for an admin)
+	api.POST("/bookings/:id/cancel", app.handleCancelBooking, app.idempotentAPI(), translateErrors) // release: the slot is AVAILABLE again (Idempotency-Key)
+
 	// Browser pages: a signed session cookie, and CSRF on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}
 	signedIn := append(page[:len(page):len(page)], requireSignIn)
@@ -42,5 +48,13 @@ func (app *application) routes() *echo.Echo {
 	e.POST("/signout", app.handleSignOut, page...)          // clears it
 	e.GET("/policies", app.handlePoliciesPage, signedIn...) // your policies
 	e.GET("/slots", app.handleSlotsPage, signedIn...)       // the slots grid
+
+	// Booking from the grid (hidden idempotency_key per form), and the labs.
+	slotForms := append(signedIn[:len(signedIn):len(signedIn)], app.idempotentForm(), translateErrors)
+	e.POST("/slots/:id/book", app.handleBookSlotForm, slotForms...)           // book, then back to the grid
+	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, slotForms...) // release, then back to the grid
+	e.GET("/labs", app.handleLabsPage, signedIn...)                           // the list of labs
+	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                   // the race lab
+	e.POST("/labs/race", app.handleRunRace, signedIn...)                      // run a race (htmx swaps the result panel)
 	return e
 }
