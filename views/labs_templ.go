@@ -937,7 +937,7 @@ func RaceResultPanel(lab RaceLab) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 74, "<form method=\"post\" action=\"/labs/race\" hx-post=\"/labs/race\" hx-target=\"#race-result\" hx-swap=\"outerHTML\" hx-disabled-elt=\"find button\" class=\"inline\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 74, "<form method=\"post\" action=\"/labs/race\" hx-post=\"/labs/race\" hx-target=\"#race-result\" hx-swap=\"outerHTML\" hx-disabled-elt=\"find button\" class=\"inline race-again\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
