@@ -17,13 +17,13 @@ func int64Text(n int64) string { return strconv.FormatInt(n, 10) }
 // statusClass maps a status to the CSS class family that colours it.
 func statusClass(status string) string {
 	switch status {
-	case "ACTIVE", "AVAILABLE", "SUCCEEDED", "COMPLETED", "CONFIRMED", "DONE":
+	case "ACTIVE", "AVAILABLE", "SUCCEEDED", "COMPLETED", "CONFIRMED", "DONE", "confirmed", "won":
 		return "ok"
-	case "CANCELLED", "BOOKED", "FAILED", "REJECTED", "NOT_STARTED":
+	case "CANCELLED", "BOOKED", "FAILED", "REJECTED", "NOT_STARTED", "rejected", "refused":
 		return "done"
 	case "IN_PROGRESS", "RECOVERING", "RUNNING", "PENDING", "UNKNOWN":
 		return "busy"
-	case "NEEDS_RECONCILIATION":
+	case "NEEDS_RECONCILIATION", "unknown", "error":
 		return "alert"
 	default:
 		return "neutral"

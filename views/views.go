@@ -46,4 +46,5 @@ var Nav = []NavItem{
 	{"policies", "Policies", "/policies"},
 	{"slots", "Slots", "/slots"},
 	{"provider", "Provider", "/provider"},
+	{"labs", "Labs", "/labs"},
 }

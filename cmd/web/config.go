@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/slots"
 )
 
 // config is everything the environment can set. Every field has a default
@@ -40,6 +42,12 @@ type config struct {
 	// exit (SIGKILL itself) or abandon (end only the request).
 	CrashAt   string
 	CrashMode string
+
+	// BookingStrategy is how the API and the slots page book
+	// (BOOKING_STRATEGY): conditional-update, select-for-update or
+	// check-then-insert. One per process: strategies mixed on one slot at
+	// the same moment can deadlock (docs/booking.md).
+	BookingStrategy slots.Strategy
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -81,6 +89,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if err := validateCrash(c.CrashAt, c.CrashMode); err != nil {
 		return c, err
+	}
+	if c.BookingStrategy, err = slots.ParseStrategy(getenv("BOOKING_STRATEGY")); err != nil {
+		return c, fmt.Errorf("BOOKING_STRATEGY: %w", err)
 	}
 	if v := c.ProviderIdempotent; v != "" && v != "true" && v != "false" {
 		return c, fmt.Errorf("PROVIDER_IDEMPOTENT: %q is neither true nor false", v)

@@ -31,6 +31,11 @@ var errorTable = []struct {
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
 	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
+	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},
+	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
+	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
+	{slots.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
+	{slots.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown

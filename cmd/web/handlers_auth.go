@@ -3,10 +3,12 @@ package main
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
 )
@@ -20,9 +22,12 @@ func (app *application) handleSignInPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	accounts := make([]views.Account, len(list))
-	for i, u := range list {
-		accounts[i] = views.Account{Name: u.Name, IsAdmin: u.IsAdmin()}
+	accounts := make([]views.Account, 0, len(list))
+	for _, u := range list {
+		if strings.HasPrefix(u.Name, slots.RacerPrefix) {
+			continue // the race lab's users: no one signs in as them
+		}
+		accounts = append(accounts, views.Account{Name: u.Name, IsAdmin: u.IsAdmin()})
 	}
 	return render(c, http.StatusOK, views.SignInPage(app.page(c, "Sign in", ""), accounts))
 }

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/views"
 )
@@ -27,24 +32,58 @@ func (app *application) handleListSlots(c echo.Context) error {
 	return c.JSON(http.StatusOK, newListPage(rows, lp.Limit, func(s slots.Slot) int64 { return s.ID }))
 }
 
+// handleSlotsPage: GET /slots — the grid, with a Book button on every free
+// slot and a Release button on each of yours; ?notice= says what the last
+// form did.
 func (app *application) handleSlotsPage(c echo.Context) error {
+	u, _ := userFrom(c)
+	ctx := c.Request().Context()
 	var all []slots.Slot
 	for after := int64(0); ; {
-		batch, err := app.slots.List(c.Request().Context(), slots.ListFilter{AfterID: after, Limit: maxLimit})
+		batch, err := app.slots.List(ctx, slots.ListFilter{AfterID: after, Limit: maxLimit})
 		if err != nil {
 			return err
 		}
-		all = append(all, batch...)
+		for _, s := range batch {
+			if s.Resource != slots.LabResource { // the race lab's slots are not the demo week
+				all = append(all, s)
+			}
+		}
 		if len(batch) < maxLimit {
 			break
 		}
 		after = batch[len(batch)-1].ID
 	}
-	return render(c, http.StatusOK, views.SlotsPage(app.page(c, "Slots", "slots"), slotGrids(all)))
+	mine, err := app.slots.ListBookings(ctx, slots.BookingFilter{UserID: u.ID, Status: slots.BookingConfirmed, Limit: maxLimit})
+	if err != nil {
+		return err
+	}
+	mineBySlot := make(map[int64]int64, len(mine)) // slot id → booking id
+	for _, b := range mine {
+		mineBySlot[b.SlotID] = b.ID
+	}
+	p := app.page(c, "Slots", "slots")
+	vm := views.SlotsView{Grids: slotGrids(all, mineBySlot, u.IsAdmin()), Mine: len(mine)}
+	if notice := c.QueryParam("notice"); notice != "" {
+		slotID, _ := strconv.ParseInt(c.QueryParam("slot"), 10, 64)
+		var subject *slots.Slot
+		if i := slices.IndexFunc(all, func(s slots.Slot) bool { return s.ID == slotID }); i >= 0 {
+			subject = &all[i]
+		}
+		_, yours := mineBySlot[slotID]
+		if notice == noticeSlotTaken && yours {
+			notice = noticeAlreadyYours // two tabs, two keys, one booking: yours
+		}
+		p.Flash = slotNotice(notice, subject)
+		vm.Highlight = slotID
+	}
+	return render(c, http.StatusOK, views.SlotsPage(p, vm))
 }
 
-// slotGrids arranges slots as one grid per resource: hours down, days across.
-func slotGrids(list []slots.Slot) []views.SlotGrid {
+// slotGrids arranges slots as one grid per resource: hours down, days
+// across. Each free slot and each of the user's bookings gets a form with an
+// idempotency key minted now, for this rendering.
+func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []views.SlotGrid {
 	type cellKey struct{ day, hour string }
 	var order []string
 	byRes := map[string]map[cellKey]*views.SlotCell{}
@@ -64,7 +103,16 @@ func slotGrids(list []slots.Slot) []views.SlotGrid {
 			hourSet[h] = true
 			hours = append(hours, h)
 		}
-		byRes[s.Resource][cellKey{d, h}] = &views.SlotCell{ID: s.ID, Status: s.Status}
+		cell := &views.SlotCell{ID: s.ID, Status: s.Status, Name: slotName(s)}
+		switch bookingID, yours := mineBySlot[s.ID]; {
+		case s.Status == slots.StatusAvailable:
+			cell.FormKey = newFormKey()
+		case yours:
+			cell.Mine, cell.BookingID, cell.FormKey = true, bookingID, newFormKey()
+		case admin && s.BookingID != nil:
+			cell.BookingID, cell.FormKey = *s.BookingID, newFormKey() // an admin may release anyone's
+		}
+		byRes[s.Resource][cellKey{d, h}] = cell
 	}
 	slices.Sort(hours)
 	grids := make([]views.SlotGrid, 0, len(order))
@@ -79,4 +127,211 @@ func slotGrids(list []slots.Slot) []views.SlotGrid {
 		grids = append(grids, g)
 	}
 	return grids
+}
+
+// handleBookSlot: POST /api/v1/slots/:id/book (Idempotency-Key).
+// 201 booking + Location · 409 slot-taken · 404 unknown slot. The body is
+// optional and has no fields: the strategy is the server's (BOOKING_STRATEGY).
+func (app *application) handleBookSlot(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	var in struct{}
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return idempotency.Reject(err) // refused before execution: nothing stored
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	var answer idempotency.Response
+	// The booking and the stored answer commit together, or neither does.
+	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
+		b, _, err := app.slots.Book(ctx, tx, slots.BookRequest{Strategy: app.cfg.BookingStrategy, SlotID: id, UserID: u.ID})
+		if err != nil {
+			// Rolled back. ErrSlotTaken and ErrNotFound are outcomes, not
+			// faults: translateErrors makes them problems, and the
+			// middleware stores those, so a retry hears the same 409.
+			return err
+		}
+		if answer, err = idempotency.JSONResponse(http.StatusCreated, b); err != nil {
+			return err
+		}
+		answer.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
+		return claim.Complete(ctx, tx, answer)
+	})
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// handleCancelBooking: POST /api/v1/bookings/:id/cancel (Idempotency-Key).
+// 200 booking (CANCELLED) · 409 booking-not-confirmed · 404 unknown or
+// someone else's (an admin may release any).
+func (app *application) handleCancelBooking(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	var in struct{}
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return idempotency.Reject(err)
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	var answer idempotency.Response
+	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
+		b, err := app.slots.Release(ctx, tx, id, u.ID, u.IsAdmin())
+		if err != nil {
+			return err // rolled back; a 404 or 409 is stored by the middleware
+		}
+		if answer, err = idempotency.JSONResponse(http.StatusOK, b); err != nil {
+			return err
+		}
+		return claim.Complete(ctx, tx, answer)
+	})
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// handleListBookings: GET /api/v1/bookings?status=&limit=&cursor=
+func (app *application) handleListBookings(c echo.Context) error {
+	u, _ := userFrom(c)
+	lp, err := parseListParams(c)
+	if err != nil {
+		return err
+	}
+	status := c.QueryParam("status")
+	if status != "" && status != slots.BookingConfirmed && status != slots.BookingCancelled {
+		return invalidParam("status", "status must be CONFIRMED or CANCELLED")
+	}
+	rows, err := app.slots.ListBookings(c.Request().Context(), slots.BookingFilter{
+		UserID: u.ID, Status: status, AfterID: lp.AfterID, Limit: lp.Limit + 1,
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, newListPage(rows, lp.Limit, func(b slots.Booking) int64 { return b.ID }))
+}
+
+// handleGetBooking: GET /api/v1/bookings/:id — 404 for someone else's.
+func (app *application) handleGetBooking(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	b, err := app.slots.GetBooking(c.Request().Context(), id, u.ID, u.IsAdmin())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, b)
+}
+
+func bookingURL(id int64) string { return fmt.Sprintf("/api/v1/bookings/%d", id) }
+
+// handleBookSlotForm: POST /slots/:id/book (form, hidden idempotency_key).
+// The answer is always a redirect back to the grid with a notice
+// (POST/redirect/GET), stored with the key: a double-click or a reload of
+// the POST lands on the same notice. Losing the slot to someone else is a
+// notice too, never an error page.
+func (app *application) handleBookSlotForm(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	answer := idempotency.RedirectResponse(http.StatusSeeOther, slotsNoticeURL(noticeBooked, id))
+	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
+		if _, _, err := app.slots.Book(ctx, tx, slots.BookRequest{Strategy: app.cfg.BookingStrategy, SlotID: id, UserID: u.ID}); err != nil {
+			return err
+		}
+		return claim.Complete(ctx, tx, answer)
+	})
+	if errors.Is(err, slots.ErrSlotTaken) {
+		// Rolled back; the middleware stores this redirect as the outcome.
+		return c.Redirect(http.StatusSeeOther, slotsNoticeURL(noticeSlotTaken, id))
+	}
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// handleCancelBookingForm: POST /bookings/:id/cancel (form, hidden
+// idempotency_key). Like booking: a redirect to the grid with a notice.
+func (app *application) handleCancelBookingForm(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	claim := idempotency.ClaimFrom(ctx)
+	var answer idempotency.Response
+	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
+		b, err := app.slots.Release(ctx, tx, id, u.ID, u.IsAdmin())
+		if err != nil {
+			return err
+		}
+		answer = idempotency.RedirectResponse(http.StatusSeeOther, slotsNoticeURL(noticeReleased, b.SlotID))
+		return claim.Complete(ctx, tx, answer)
+	})
+	if errors.Is(err, slots.ErrBookingNotConfirmed) {
+		// Released already, from another tab or an earlier form.
+		return c.Redirect(http.StatusSeeOther, slotsNoticeURL(noticeAlreadyReleased, 0))
+	}
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// Notices the grid shows after a form, named in the redirect's query.
+const (
+	noticeBooked          = "booked"
+	noticeSlotTaken       = "slot-taken"
+	noticeReleased        = "released"
+	noticeAlreadyReleased = "already-released"
+	noticeAlreadyYours    = "already-yours" // chosen at render: slot-taken by yourself
+)
+
+func slotsNoticeURL(notice string, slotID int64) string {
+	if slotID == 0 {
+		return "/slots?notice=" + notice
+	}
+	return fmt.Sprintf("/slots?notice=%s&slot=%d", notice, slotID)
+}
+
+// slotNotice says in words what the last form did to slot s.
+func slotNotice(notice string, s *slots.Slot) string {
+	name := "the slot"
+	if s != nil {
+		name = slotName(*s)
+	}
+	switch notice {
+	case noticeBooked:
+		return "Booked " + name + ". It is marked yours below."
+	case noticeSlotTaken:
+		return "Someone else booked " + name + " just before you. Nothing was booked for you — pick another slot."
+	case noticeAlreadyYours:
+		return name + " is already yours (booked from another tab or an earlier click). Nothing else was booked."
+	case noticeReleased:
+		return "Released " + name + ": it is free again."
+	case noticeAlreadyReleased:
+		return "That booking was already released (from another tab, perhaps). Nothing changed."
+	default:
+		return ""
+	}
+}
+
+// slotName is how people read a slot: "Consulting room 1, Tue 3 Dec 10:00".
+func slotName(s slots.Slot) string {
+	return s.Resource + ", " + s.StartsAt.UTC().Format("Mon 2 Jan 15:04")
 }

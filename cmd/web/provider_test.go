@@ -224,11 +224,6 @@ func (s *testServer) providerPageCSRF(t *testing.T, client *http.Client) (respon
 	return page, string(m[1])
 }
 
-func postForm(t *testing.T, s *testServer, client *http.Client, path string, form url.Values) response {
-	t.Helper()
-	return doWith(t, client, s.URL, request{Method: "POST", Path: path, Body: form.Encode(),
-		Header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
-}
 
 func TestProviderPageFormsForTheAdmin(t *testing.T) {
 	t.Parallel()

@@ -33,14 +33,20 @@ func (app *application) routes() *echo.Echo {
 	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors) // cancel (Idempotency-Key)
 	api.GET("/operations/:id", app.handleGetOperation)                                             // status, steps, timeline, provider truth
 
-	// The fake provider's controls (admin). No Idempotency-Key: they set up a
-	// test double, and PUT and reset are idempotent by nature (docs/api.md).
+	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
+	// and setting a value or resetting is idempotent by nature (docs/api.md).
 	api.GET("/admin/crash", app.handleGetCrash, requireAdmin)                // the crash point armed on this instance
-	api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                // arm or disarm a crash point (labs, tests)
+	api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                // arm or disarm a crash point
 	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration
 	api.PUT("/provider/faults", app.handlePutProviderFaults, requireAdmin)   // set one fault: global, override or script entry
 	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy
 	api.POST("/provider/reset", app.handleResetProvider, requireAdmin)       // forget everything, default faults
+
+	// Slots and bookings: contention (docs/booking.md).
+	api.POST("/slots/:id/book", app.handleBookSlot, app.idempotentAPI(), translateErrors)           // 201 booking · 409 slot-taken (Idempotency-Key)
+	api.GET("/bookings", app.handleListBookings)                                                    // the caller's bookings, ?status=, paginated
+	api.GET("/bookings/:id", app.handleGetBooking)                                                  // one of the caller's bookings (any, for an admin)
+	api.POST("/bookings/:id/cancel", app.handleCancelBooking, app.idempotentAPI(), translateErrors) // release: the slot is AVAILABLE again (Idempotency-Key)
 
 	// Browser pages: a signed session cookie, and CSRF on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}
@@ -65,5 +71,12 @@ func (app *application) routes() *echo.Echo {
 	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
 	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)
 	e.POST("/provider/reset", app.handleProviderResetForm, adminOnly...)   // the page's reset button (admin)
+
+	// Booking from the grid (hidden idempotency_key per form), and the labs.
+	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)           // book, then back to the grid
+	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, keyedForm...) // release, then back to the grid
+	e.GET("/labs", app.handleLabsPage, signedIn...)                           // the list of labs
+	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                   // the race lab
+	e.POST("/labs/race", app.handleRunRace, signedIn...)                      // run a race (htmx swaps the result panel)
 	return e
 }

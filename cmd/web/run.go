@@ -79,6 +79,7 @@ type application struct {
 	users    *users.Store
 	policies *policies.Store
 	slots    *slots.Store
+	lab      *slots.Lab // the race lab
 
 	// provider is the client the workflows call; providerControl sets the
 	// fake provider's faults and reads its ledger, wherever it runs.
@@ -163,6 +164,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		users:    users.NewStore(pool),
 		policies: policies.NewStore(pool),
 		slots:    slots.NewStore(pool),
+		lab:      slots.NewLab(pool),
 
 		provider:        providerClient,
 		providerControl: providerControl,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -199,4 +200,11 @@ func doWith(t testing.TB, client *http.Client, base string, req request) respons
 func (s *testServer) browserClient() *http.Client {
 	jar, _ := cookiejar.New(nil)
 	return noRedirectClient(jar)
+}
+
+// postForm posts form as a browser form would, with client's cookies.
+func postForm(t *testing.T, s *testServer, client *http.Client, path string, form url.Values) response {
+	t.Helper()
+	return doWith(t, client, s.URL, request{Method: "POST", Path: path, Body: form.Encode(),
+		Header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
 }

@@ -409,6 +409,13 @@ func readBody(c echo.Context, limit int64) ([]byte, *problem.Problem) {
 		return nil, problem.New(http.StatusRequestEntityTooLarge, "body-too-large", "Request too large",
 			fmt.Sprintf("The request body is over %d bytes.", limit))
 	}
+	if len(body) == 0 && len(r.PostForm) > 0 {
+		// A middleware before us parsed the form (CSRF protection reads its
+		// _csrf field), which drains the body. The fields are in PostForm;
+		// encoded again they are the same request, because a form's
+		// fingerprint is canonical (fields sorted by name).
+		body = []byte(r.PostForm.Encode())
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
 }

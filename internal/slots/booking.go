@@ -351,3 +351,32 @@ func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
+
+// BookingFilter narrows ListBookings to one user's bookings. Status ""
+// means any; AfterID is the cursor.
+type BookingFilter struct {
+	UserID  int64
+	Status  string
+	AfterID int64
+	Limit   int
+}
+
+// ListBookings returns the user's bookings in id order.
+func (s *Store) ListBookings(ctx context.Context, f BookingFilter) ([]Booking, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT id, slot_id, user_id, status, created_at, cancelled_at
+		  FROM bookings
+		 WHERE user_id = $1
+		   AND ($2 = '' OR status = $2)
+		   AND id > $3
+		 ORDER BY id
+		 LIMIT $4`, f.UserID, f.Status, f.AfterID, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("slots: list bookings: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Booking])
+	if err != nil {
+		return nil, fmt.Errorf("slots: list bookings: %w", err)
+	}
+	return list, nil
+}

@@ -1,0 +1,334 @@
+package slots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The race lab: N users try to book one slot at the same instant, each in
+// its own transaction, and the result says who won, how long each waited
+// and what the database did. It is the contention story made visible.
+
+const (
+	// LabResource is the resource the lab's fresh slots belong to, so races
+	// never take a slot from the demo week.
+	LabResource = "Race lab"
+	// RacerPrefix names the lab's users: racer-01 … racer-64. They are
+	// ordinary customers with a random token hash, so no one can sign in
+	// as them; each racer is a different user, as in a real race.
+	RacerPrefix = "racer-"
+	MinRacers   = 2
+	MaxRacers   = 64
+	// MaxThink bounds the pause a racer takes between deciding and writing.
+	MaxThink = 500 * time.Millisecond
+)
+
+// ErrInvalidRace is a race request out of bounds.
+var ErrInvalidRace = errors.New("slots: invalid race")
+
+// RaceRequest describes one race.
+type RaceRequest struct {
+	// SlotID is the slot to race for; 0 means a fresh slot made for this race.
+	SlotID   int64
+	Racers   int
+	Strategy Strategy
+	// Think widens the window between check and write (BookRequest.Think).
+	Think time.Duration
+}
+
+// Validate reports what is wrong with r, wrapping ErrInvalidRace.
+func (r RaceRequest) Validate() error {
+	switch {
+	case r.Racers < MinRacers || r.Racers > MaxRacers:
+		return fmt.Errorf("%w: the number of racers must be from %d to %d", ErrInvalidRace, MinRacers, MaxRacers)
+	case r.Think < 0 || r.Think > MaxThink:
+		return fmt.Errorf("%w: the think time must be from 0 to %d ms", ErrInvalidRace, MaxThink.Milliseconds())
+	case r.SlotID < 0:
+		return fmt.Errorf("%w: no such slot", ErrInvalidRace)
+	}
+	_, err := ParseStrategy(string(r.Strategy))
+	return err
+}
+
+// Racer outcomes.
+const (
+	Won     = "won"
+	Refused = "refused" // ErrSlotTaken: a clean "no"
+	Failed  = "failed"  // any other error: a bug or an outage, never expected
+)
+
+// RacerResult is one racer's attempt.
+type RacerResult struct {
+	Racer     int    `json:"racer"` // 1-based
+	User      string `json:"user"`
+	Outcome   string `json:"outcome"`
+	BookingID int64  `json:"booking_id,omitempty"`
+	Trace     Trace  `json:"trace"`
+	// Took is the whole attempt: from the start signal to commit or rollback.
+	Took time.Duration `json:"took_ns"`
+	// Finished is the order in which attempts ended, from 1.
+	Finished int    `json:"finished"`
+	Error    string `json:"error,omitempty"`
+}
+
+// RaceResult is what a race did.
+type RaceResult struct {
+	Request RaceRequest `json:"request"`
+	// Attempts, one per racer, in finishing order.
+	Attempts []RacerResult `json:"attempts"`
+	// Counts of outcomes, and of refusals only the unique index made.
+	Won, Refused, Failed, ConstraintHits int
+	// Elapsed is from the start signal to the last attempt's end.
+	Elapsed time.Duration `json:"elapsed_ns"`
+	// After the race: the slot as committed, and invariant 3 over all slots.
+	Slot       Slot        `json:"slot"`
+	Violations []Violation `json:"violations"`
+}
+
+// Verdict is the race in one line.
+func (r RaceResult) Verdict() string {
+	n := len(r.Attempts)
+	var s string
+	switch r.Won {
+	case 0:
+		s = fmt.Sprintf("No winner: all %d refused", r.Refused)
+		if r.Refused == n {
+			s += " — the slot was already booked before the race"
+		}
+	case 1:
+		s = fmt.Sprintf("1 winner, %d refused", r.Refused)
+	default:
+		s = fmt.Sprintf("DOUBLE BOOKING: %d winners, %d refused", r.Won, r.Refused)
+	}
+	switch {
+	case r.Refused == 0:
+	case r.ConstraintHits == 0:
+		s += ": none reached the unique index"
+	case r.ConstraintHits == 1:
+		s += ": 1 was stopped only by the unique index"
+	default:
+		s += fmt.Sprintf(": %d were stopped only by the unique index", r.ConstraintHits)
+	}
+	if r.Failed > 0 {
+		s += fmt.Sprintf("; %d failed with an error", r.Failed)
+	}
+	return s
+}
+
+// Lab runs races. One race at a time per process: each racer holds a
+// connection of its own, and a person clicking twice should not double
+// what the lab asks of the database.
+type Lab struct {
+	pool  *pgxpool.Pool
+	store *Store
+	turn  chan struct{} // a one-slot semaphore: holding it is "my turn"
+}
+
+// NewLab returns a Lab over pool.
+func NewLab(pool *pgxpool.Pool) *Lab {
+	return &Lab{pool: pool, store: NewStore(pool), turn: make(chan struct{}, 1)}
+}
+
+// Race runs r: it makes the racers (and a fresh slot if asked), opens one
+// connection per racer, releases every racer at once with close(start),
+// and reports each attempt and invariant 3 afterwards. It returns
+// ErrInvalidRace or ErrUnknownStrategy for a bad request, ErrNotFound for
+// an unknown slot.
+//
+// Racers get their own connections, outside the pool, so that they contend
+// for the slot's row rather than queue for a pooled connection: a race of 64
+// on a pool of 20 would otherwise mostly measure the pool.
+func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
+	if err := r.Validate(); err != nil {
+		return RaceResult{}, err
+	}
+	select {
+	case l.turn <- struct{}{}:
+		defer func() { <-l.turn }()
+	case <-ctx.Done():
+		return RaceResult{}, ctx.Err()
+	}
+
+	var err error
+	if r.SlotID == 0 {
+		if r.SlotID, err = l.freshSlot(ctx); err != nil {
+			return RaceResult{}, err
+		}
+	} else if _, err := l.store.Get(ctx, r.SlotID); err != nil {
+		return RaceResult{}, err
+	}
+	racers, err := l.racers(ctx, r.Racers)
+	if err != nil {
+		return RaceResult{}, err
+	}
+	conns, err := l.connect(ctx, r.Racers)
+	if err != nil {
+		return RaceResult{}, err
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close(context.Background())
+		}
+	}()
+
+	res := RaceResult{Request: r, Attempts: make([]RacerResult, r.Racers)}
+	start := make(chan struct{})
+	var finished atomic.Int32
+	var wg sync.WaitGroup
+	for i := range r.Racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rr := &res.Attempts[i] // each goroutine writes only its own element
+			rr.Racer, rr.User = i+1, racers[i].name
+			<-start
+			t0 := time.Now()
+			err := pgx.BeginFunc(ctx, conns[i], func(tx pgx.Tx) error {
+				b, tr, err := l.store.Book(ctx, tx, BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
+				rr.Trace, rr.BookingID = tr, b.ID
+				return err
+			})
+			rr.Took = time.Since(t0)
+			rr.Finished = int(finished.Add(1))
+			switch {
+			case err == nil:
+				rr.Outcome = Won
+			case errors.Is(err, ErrSlotTaken):
+				rr.Outcome = Refused
+			default:
+				rr.Outcome, rr.Error = Failed, err.Error()
+			}
+		}()
+	}
+	t0 := time.Now()
+	close(start) // every racer at once
+	wg.Wait()
+	res.Elapsed = time.Since(t0)
+
+	slices.SortFunc(res.Attempts, func(a, b RacerResult) int { return a.Finished - b.Finished })
+	for _, rr := range res.Attempts {
+		switch rr.Outcome {
+		case Won:
+			res.Won++
+		case Refused:
+			res.Refused++
+		default:
+			res.Failed++
+		}
+		if rr.Trace.ConstraintHit {
+			res.ConstraintHits++
+		}
+	}
+	if res.Slot, err = l.store.Get(ctx, r.SlotID); err != nil {
+		return res, err
+	}
+	if res.Violations, err = l.store.CheckInvariant(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+type racer struct {
+	id   int64
+	name string
+}
+
+// racers makes sure racer-01 … racer-n exist and returns them in order.
+func (l *Lab) racers(ctx context.Context, n int) ([]racer, error) {
+	rows, err := l.pool.Query(ctx, `
+		WITH wanted AS (
+		    SELECT $1 || lpad(i::text, 2, '0') AS name
+		      FROM generate_series(1, $2::int) AS i
+		), made AS (
+		    INSERT INTO users (name, api_token_sha256)
+		    SELECT name, sha256(gen_random_uuid()::text::bytea) -- a token no one knows
+		      FROM wanted
+		    ON CONFLICT (name) DO NOTHING -- made by an earlier race
+		    RETURNING id, name
+		)
+		SELECT id, name FROM made
+		 UNION ALL
+		SELECT u.id, u.name FROM users u JOIN wanted w USING (name)
+		 ORDER BY name`, RacerPrefix, n)
+	if err != nil {
+		return nil, fmt.Errorf("slots: race: racers: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (racer, error) {
+		var r racer
+		return r, row.Scan(&r.id, &r.name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("slots: race: racers: %w", err)
+	}
+	if len(list) != n {
+		return nil, fmt.Errorf("slots: race: found %d of %d racers", len(list), n)
+	}
+	return list, nil
+}
+
+// freshSlot adds the next hour to the lab's own resource.
+func (l *Lab) freshSlot(ctx context.Context) (int64, error) {
+	var id int64
+	err := l.pool.QueryRow(ctx, `
+		INSERT INTO slots (resource, starts_at, ends_at)
+		SELECT $1, next.t, next.t + interval '1 hour'
+		  FROM (SELECT coalesce(max(starts_at) + interval '1 hour', date_trunc('hour', now())) AS t
+		          FROM slots
+		         WHERE resource = $1) AS next
+		RETURNING id`, LabResource).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("slots: race: fresh slot: %w", err)
+	}
+	return id, nil
+}
+
+// RecentLabSlots returns the lab's latest slots, newest first, to race for
+// again (a booked one shows what a loser sees).
+func (l *Lab) RecentLabSlots(ctx context.Context, limit int) ([]Slot, error) {
+	rows, err := l.pool.Query(ctx, `
+		SELECT id, resource, starts_at, ends_at, status, booking_id
+		  FROM slots
+		 WHERE resource = $1
+		 ORDER BY starts_at DESC
+		 LIMIT $2`, LabResource, limit)
+	if err != nil {
+		return nil, fmt.Errorf("slots: lab slots: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Slot])
+	if err != nil {
+		return nil, fmt.Errorf("slots: lab slots: %w", err)
+	}
+	return list, nil
+}
+
+// connect opens n connections like the pool's, all before the race starts.
+func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
+	conns := make([]*pgx.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conns[i], errs[i] = pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig.Copy())
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range conns {
+			if c != nil {
+				c.Close(context.Background())
+			}
+		}
+		return nil, fmt.Errorf("slots: race: connect racers: %w", err)
+	}
+	return conns, nil
+}
