@@ -224,7 +224,6 @@ func (s *testServer) providerPageCSRF(t *testing.T, client *http.Client) (respon
 	return page, string(m[1])
 }
 
-
 func TestProviderPageFormsForTheAdmin(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, nil)

@@ -322,7 +322,6 @@ func formFields(t *testing.T, page []byte, action string) url.Values {
 	return v
 }
 
-
 func TestBookAndReleaseFromTheGrid(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, nil)
