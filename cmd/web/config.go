@@ -48,6 +48,10 @@ type config struct {
 	// check-then-insert. One per process: strategies mixed on one slot at
 	// the same moment can deadlock (docs/booking.md).
 	BookingStrategy slots.Strategy
+
+	// AllowReset enables POST /api/v1/admin/reset (ALLOW_RESET=true): a
+	// demo and load-test switch, never for production.
+	AllowReset bool
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -65,8 +69,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 
-		CrashAt:   getenv("CRASH_AT"),
-		CrashMode: or(getenv("CRASH_MODE"), crashExit),
+		AllowReset: getenv("ALLOW_RESET") == "true",
+		CrashAt:    getenv("CRASH_AT"),
+		CrashMode:  or(getenv("CRASH_MODE"), crashExit),
 	}
 	var err error
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 20); err != nil {

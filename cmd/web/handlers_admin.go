@@ -1,10 +1,14 @@
 package main
 
 import (
+	"errors"
 	"net/http"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/problem"
 )
 
@@ -26,4 +30,65 @@ func (app *application) handlePutCrash(c echo.Context) error {
 		return problem.New(http.StatusBadRequest, "invalid-crash-point", "Invalid crash point", err.Error())
 	}
 	return c.JSON(http.StatusOK, app.crash.get())
+}
+
+// handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
+// "slots": S} — wipe and reseed a repeatable data set, and reset the
+// provider. Refused (403 reset-disabled) unless ALLOW_RESET=true. The same
+// reset twice leaves the same state, so it takes no Idempotency-Key.
+func (app *application) handleReset(c echo.Context) error {
+	if !app.cfg.AllowReset {
+		return problem.New(http.StatusForbidden, "reset-disabled", "Reset is disabled",
+			"start the app with ALLOW_RESET=true to allow resetting its data")
+	}
+	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: 7 * 8 * len(demo.Resources)}
+	if err := decodeOptionalJSON(c, &d); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
+	if errors.Is(err, demo.ErrInvalidDataset) {
+		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset", err.Error())
+	}
+	if err != nil {
+		return err
+	}
+	if err := app.providerControl.Reset(ctx); err != nil {
+		return controlError(c, err)
+	}
+	type account struct {
+		Name  string `json:"name"`
+		Role  string `json:"role"`
+		Token string `json:"token"`
+	}
+	out := struct {
+		Dataset demo.Dataset `json:"dataset"`
+		Users   []account    `json:"users"`
+	}{Dataset: d, Users: make([]account, len(accounts))}
+	for i, a := range accounts {
+		out.Users[i] = account{a.Name, a.Role, a.Token}
+	}
+	logFrom(ctx).Warn("data reset", "users", len(accounts), "policies_per_user", d.PoliciesPerUser, "slots", d.Slots)
+	return c.JSON(http.StatusOK, out)
+}
+
+// handleInvariants: GET /api/v1/invariants[?stale_after=90s] — every
+// invariant of DESIGN.md checked with SQL, read-only, cheap enough to poll
+// during a load test. stale_after is invariant 6's bound: how long past its
+// lease a live operation may be before it counts as stuck (default: twice
+// OPERATION_LEASE plus a minute; "0" reports stale operations only in counts).
+func (app *application) handleInvariants(c echo.Context) error {
+	staleAfter := 2*app.cfg.OperationLease + time.Minute
+	if v := c.QueryParam("stale_after"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return invalidParam("stale_after", "stale_after must be a duration such as 90s")
+		}
+		staleAfter = d
+	}
+	r, err := invariants.Check(c.Request().Context(), app.pool, invariants.Options{StaleAfter: staleAfter})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, r)
 }

@@ -35,6 +35,8 @@ func (app *application) routes() *echo.Echo {
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
+	api.GET("/invariants", app.handleInvariants, requireAdmin)               // every invariant of DESIGN.md, checked with SQL
+	api.POST("/admin/reset", app.handleReset, requireAdmin)                  // wipe and reseed a dataset (ALLOW_RESET=true)
 	api.GET("/admin/crash", app.handleGetCrash, requireAdmin)                // the crash point armed on this instance
 	api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                // arm or disarm a crash point
 	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration

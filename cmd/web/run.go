@@ -71,6 +71,8 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 type application struct {
 	cfg      config
 	logger   *slog.Logger
+	accounts []demo.Account // the demo accounts, with the tokens in force
+	secret   []byte         // signs sessions; derives generated users' tokens
 	pool     *pgxpool.Pool
 	migrator *database.Migrator
 	sessions *sessionCodec
@@ -157,6 +159,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	app := &application{
 		cfg:      cfg,
 		logger:   logger,
+		accounts: accounts,
+		secret:   secret,
 		pool:     pool,
 		migrator: migrator,
 		sessions: newSessionCodec(secret),

@@ -2,6 +2,7 @@ package demo_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -49,6 +50,44 @@ func TestParseTokens(t *testing.T) {
 	for _, bad := range []string{"mallory=secret-secret", "alice", "alice=short"} {
 		if _, err := demo.ParseTokens(bad); err == nil {
 			t.Errorf("ParseTokens(%q) accepted", bad)
+		}
+	}
+}
+
+func TestResetSeedsTheDatasetAndKeepsDemoTokens(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if err := demo.Seed(ctx, db.Pool, demo.DefaultAccounts(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE policies SET status = 'CANCELLED' WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	accounts, err := demo.Reset(ctx, db.Pool, demo.DefaultAccounts(), demo.Dataset{Users: 20, PoliciesPerUser: 3, Slots: 50}, time.Now(), demo.TokenFor([]byte("s")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(accounts) != 24 {
+		t.Fatalf("%d accounts", len(accounts))
+	}
+	var nUsers, nPolicies, nCancelled, nSlots, minID int
+	db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM users), (SELECT count(*) FROM policies),
+		(SELECT count(*) FROM policies WHERE status <> 'ACTIVE'), (SELECT count(*) FROM slots), (SELECT min(id) FROM policies)`).
+		Scan(&nUsers, &nPolicies, &nCancelled, &nSlots, &minID)
+	if nUsers != 24 || nPolicies != 23*3 || nCancelled != 0 || nSlots != 50 || minID != 1 {
+		t.Fatalf("users %d, policies %d (cancelled %d, first id %d), slots %d", nUsers, nPolicies, nCancelled, minID, nSlots)
+	}
+	st := users.NewStore(db.Pool)
+	for _, a := range accounts {
+		u, err := st.ByToken(ctx, a.Token)
+		if err != nil || u.Name != a.Name {
+			t.Fatalf("token of %s: %+v %v", a.Name, u, err)
+		}
+	}
+	for _, bad := range []demo.Dataset{{Users: -1, PoliciesPerUser: 1, Slots: 1}, {PoliciesPerUser: 0, Slots: 1}, {PoliciesPerUser: 1, Slots: 0}, {Users: demo.MaxUsers + 1, PoliciesPerUser: 1, Slots: 1}} {
+		if _, err := demo.Reset(ctx, db.Pool, demo.DefaultAccounts(), bad, time.Now(), demo.TokenFor([]byte("s"))); !errors.Is(err, demo.ErrInvalidDataset) {
+			t.Errorf("Reset(%+v): %v", bad, err)
 		}
 	}
 }

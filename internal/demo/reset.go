@@ -1,0 +1,123 @@
+package demo
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/users"
+)
+
+// Dataset is the shape of a reset: how many generated users, how many
+// policies each user (demo customers included) owns, and how many slots.
+type Dataset struct {
+	Users           int `json:"users"`
+	PoliciesPerUser int `json:"policies_per_user"`
+	Slots           int `json:"slots"`
+}
+
+// Limits keep a reset to seconds on a laptop.
+const (
+	MaxUsers           = 10000
+	MaxPoliciesPerUser = 100
+	MaxSlots           = 100000
+)
+
+// ErrInvalidDataset reports a dataset outside the limits.
+var ErrInvalidDataset = errors.New("demo: invalid dataset")
+
+// Validate reports whether d is within the limits.
+func (d Dataset) Validate() error {
+	switch {
+	case d.Users < 0 || d.Users > MaxUsers:
+		return fmt.Errorf("%w: users must be 0 to %d", ErrInvalidDataset, MaxUsers)
+	case d.PoliciesPerUser < 1 || d.PoliciesPerUser > MaxPoliciesPerUser:
+		return fmt.Errorf("%w: policies_per_user must be 1 to %d", ErrInvalidDataset, MaxPoliciesPerUser)
+	case d.Slots < 1 || d.Slots > MaxSlots:
+		return fmt.Errorf("%w: slots must be 1 to %d", ErrInvalidDataset, MaxSlots)
+	}
+	return nil
+}
+
+// Reset wipes every business table — users, policies, operations and their
+// timelines, idempotency keys, slots, bookings — and seeds d in one
+// transaction, ids starting again at 1, so a load test starts from the same
+// data every time. The demo accounts keep their tokens; generated users
+// (user-00001 …) get the token tokenFor gives their name — a function of the
+// name and a server secret, so the same reset twice leaves the same state
+// and is idempotent by nature. It returns every account with its token.
+// The fake provider's state is not touched here: it is another system,
+// reset through its own API.
+func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Dataset, today time.Time, tokenFor func(name string) string) ([]Account, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	all := append([]Account(nil), accounts...)
+	for i := 1; i <= d.Users; i++ {
+		name := fmt.Sprintf("user-%05d", i)
+		all = append(all, Account{Name: name, Role: users.RoleCustomer, Token: tokenFor(name)})
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+			TRUNCATE operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
+			RESTART IDENTITY`)
+		if err != nil {
+			return fmt.Errorf("demo: reset: %w", err)
+		}
+		names, roles, hashes := make([]string, len(all)), make([]string, len(all)), make([][]byte, len(all))
+		for i, a := range all {
+			names[i], roles[i], hashes[i] = a.Name, a.Role, users.HashToken(a.Token)
+		}
+		// One statement per table, however large the dataset.
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO users (name, role, api_token_sha256)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])`, names, roles, hashes); err != nil {
+			return fmt.Errorf("demo: reset users: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO policies (user_id, number, holder, premium)
+			SELECT u.id,
+			       format('POL-%s-%s', upper(u.name), lpad(i::text, 3, '0')),
+			       initcap(u.name),
+			       (120 + i * 37.5)::numeric(10,2)
+			  FROM users u,
+			       generate_series(1, $1) AS i
+			 WHERE u.role = 'customer'
+			 ORDER BY u.id, i`, d.PoliciesPerUser); err != nil {
+			return fmt.Errorf("demo: reset policies: %w", err)
+		}
+		day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO slots (resource, starts_at, ends_at)
+			SELECT ($1::text[])[1 + i % cardinality($1::text[])],
+			       $2::timestamptz + make_interval(hours => 9 + i / cardinality($1::text[])),
+			       $2::timestamptz + make_interval(hours => 10 + i / cardinality($1::text[]))
+			  FROM generate_series(0, $3 - 1) AS i
+			 ORDER BY i`, Resources, day, d.Slots); err != nil {
+			return fmt.Errorf("demo: reset slots: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return all, nil
+}
+
+// TokenFor returns the token a generated user gets: "load-" and 24 hex
+// digits of HMAC-SHA256(secret, name). Stable across resets of one
+// deployment, unguessable without its secret.
+func TokenFor(secret []byte) func(name string) string {
+	return func(name string) string {
+		m := hmac.New(sha256.New, secret)
+		m.Write([]byte(name))
+		return "load-" + hex.EncodeToString(m.Sum(nil))[:24]
+	}
+}
