@@ -45,4 +45,5 @@ type NavItem struct {
 var Nav = []NavItem{
 	{"policies", "Policies", "/policies"},
 	{"slots", "Slots", "/slots"},
+	{"recovery", "Recovery", "/recovery"},
 }

@@ -40,6 +40,8 @@ type config struct {
 	// exit (SIGKILL itself) or abandon (end only the request).
 	CrashAt   string
 	CrashMode string
+
+	Recovery recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -77,6 +79,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.OperationLease, err = durationEnv(getenv, "OPERATION_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.Recovery, err = loadRecoveryConfig(getenv); err != nil {
 		return c, err
 	}
 	if err := validateCrash(c.CrashAt, c.CrashMode); err != nil {

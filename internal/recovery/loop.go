@@ -25,7 +25,7 @@ type Config struct {
 
 	// The budget every recoverer gets; see Budget.
 	Lease        time.Duration // OPERATION_LEASE, 30s
-	MaxPolls     int           // RECOVERY_MAX_POLLS, 5
+	MaxPolls     int           // RECOVERY_MAX_POLLS, 5; NoPolling for none
 	PollInterval time.Duration // RECOVERY_POLL_INTERVAL, 500ms
 	MaxAttempts  int           // RECOVERY_MAX_ATTEMPTS, 5
 	Backoff      time.Duration // RECOVERY_BACKOFF, 1s
@@ -37,6 +37,9 @@ type Config struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are kept but not exported
 }
+
+// NoPolling as Config.MaxPolls: decide after the first status query.
+const NoPolling = -1
 
 func (cfg Config) withDefaults() Config {
 	if cfg.Interval <= 0 {
@@ -54,9 +57,10 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
-	if cfg.MaxPolls < 0 {
+	switch {
+	case cfg.MaxPolls == NoPolling:
 		cfg.MaxPolls = 0
-	} else if cfg.MaxPolls == 0 {
+	case cfg.MaxPolls <= 0:
 		cfg.MaxPolls = 5
 	}
 	if cfg.PollInterval <= 0 {
@@ -117,6 +121,19 @@ func New(claimer Claimer, cfg Config) *Loop {
 
 // Register makes r the recoverer of operations of type opType.
 func (l *Loop) Register(opType string, r Recoverer) { l.recoverers[opType] = r }
+
+// Settings returns the loop's configuration, defaults applied.
+func (l *Loop) Settings() Config { return l.cfg }
+
+// Bound is about how long a stale operation waits before this loop
+// finishes it, faults off: a pass comes within Interval, a claim made then
+// polls at most MaxPollTime, plus one lease for the calls in between. (An
+// owner that died still holds its lease first: add OPERATION_LEASE from the
+// crash.) Backoffs add their waits per attempt.
+func (l *Loop) Bound() time.Duration {
+	b := l.cfg.Budget()
+	return l.cfg.Interval + b.MaxPollTime() + b.Lease
+}
 
 // Actor is how this loop signs its timeline events.
 func (l *Loop) Actor() string { return "recovery on " + l.cfg.Instance }
