@@ -61,3 +61,11 @@ func truthExplanation(truth string) string {
 		return ""
 	}
 }
+
+// plural says "1 event", "3 events".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -244,6 +245,16 @@ func (app *application) handleResolveForm(c echo.Context) error {
 		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/reconciliation?resolved=%d&action=%s", op.ID, req.Resolution))
 		return claim.Complete(ctx, tx, answer)
 	})
+	if errors.Is(err, policies.ErrStateChanged) {
+		// Said in words, and stored as this form's answer like any other.
+		n := views.Notice{
+			Title: "Someone else already resolved it",
+			Message: fmt.Sprintf("Cancellation #%d is no longer in the state this page showed you, so your decision was not applied. "+
+				"Another admin (or the recovery loop, after a retry) got there first; its timeline says what happened.", req.OperationID),
+			Back: "/reconciliation", BackLabel: "Back to reconciliation",
+		}
+		return render(c, http.StatusConflict, views.NoticePage(app.page(c, n.Title, "recovery"), n))
+	}
 	if err != nil {
 		return err
 	}
