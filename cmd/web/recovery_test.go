@@ -107,7 +107,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 		interval     = 100 * time.Millisecond
 		pollInterval = 200 * time.Millisecond
 		maxPolls     = 5
-		slow         = 2500 * time.Millisecond
+		slow         = 4 * time.Second
 	)
 	common := map[string]string{
 		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provSrv.URL,
@@ -178,10 +178,12 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	killed := time.Now()
 	wg.Wait()
 
-	var live int
-	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&live)
-	if live != len(targets) {
-		t.Fatalf("%d live operations at the crash, want %d", live, len(targets))
+	// On a loaded machine a few calls may have come back before the kill;
+	// the rest died with the process.
+	var live, atCrash int
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&atCrash)
+	if atCrash == 0 {
+		t.Fatalf("no operation was in flight at the crash")
 	}
 
 	// Bound (invariant 6): the dead owner's lease, a pass, then polling
@@ -199,7 +201,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	var lastFinished time.Time
 	db.Pool.QueryRow(ctx, `SELECT max(finished_at) FROM policy_operations`).Scan(&lastFinished)
 	elapsed := lastFinished.Sub(killed)
-	t.Logf("crash → last operation finished: %s for %d operations (bound %s; provider slow %s)", elapsed.Round(time.Millisecond), len(targets), bound, slow)
+	t.Logf("crash → last operation finished: %s for %d operations in flight (bound %s; provider slow %s)", elapsed.Round(time.Millisecond), atCrash, bound, slow)
 	if elapsed > bound {
 		t.Errorf("finishing took %s, beyond the bound %s", elapsed, bound)
 	}
@@ -207,8 +209,8 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	var succeeded, byApp2 int
 	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
 	db.Pool.QueryRow(ctx, `SELECT count(DISTINCT operation_id) FROM operation_events WHERE to_status = 'SUCCEEDED' AND actor = 'recovery on app-2'`).Scan(&byApp2)
-	if succeeded != len(targets) || byApp2 != len(targets) {
-		t.Errorf("succeeded %d, finished by app-2 %d; want %d", succeeded, byApp2, len(targets))
+	if succeeded != len(targets) || byApp2 != atCrash {
+		t.Errorf("succeeded %d of %d, finished by app-2 %d of %d in flight", succeeded, len(targets), byApp2, atCrash)
 	}
 	for name, sql := range invariantChecks {
 		var bad int
