@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "provider"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "proxy"} {
 		service(t, p, name)
 	}
 }
@@ -104,14 +104,12 @@ func TestComposeApp(t *testing.T) {
 		t.Error("app does not depend on provider")
 	}
 
-	publishes8080 := false
+	// The replicas are reachable one by one on loopback only; the proxy
+	// publishes 8080 (TestComposeReplicasBehindOneProxy).
 	for _, port := range app.Ports {
-		if port.Target == 8080 && port.Published == "8080" {
-			publishes8080 = true
+		if port.HostIP != "127.0.0.1" {
+			t.Errorf("app publishes %+v beyond loopback; the proxy is the way in", port)
 		}
-	}
-	if !publishes8080 {
-		t.Errorf("app ports = %+v, want 8080:8080", app.Ports)
 	}
 
 	dbURL, err := url.Parse(env(t, app, "DATABASE_URL"))
@@ -144,6 +142,55 @@ func TestComposeApp(t *testing.T) {
 	}
 	if env(t, app, "INSTANCE_ID") == "" {
 		t.Error("app INSTANCE_ID is empty")
+	}
+}
+
+// Two replicas share the database, the provider and the session secret,
+// differ by INSTANCE_ID, and sit behind one proxy on the published port
+// 8080, so recovery by another instance than the one that crashed is
+// visible.
+func TestComposeReplicasBehindOneProxy(t *testing.T) {
+	p := loadCompose(t)
+	app, app2 := service(t, p, "app"), service(t, p, "app2")
+	for _, key := range []string{"DATABASE_URL", "PROVIDER_URL", "SESSION_SECRET", "RECOVERY_CLAIM"} {
+		if a, b := env(t, app, key), env(t, app2, key); a != b {
+			t.Errorf("%s differs between replicas: %q vs %q", key, a, b)
+		}
+	}
+	if a, b := env(t, app, "INSTANCE_ID"), env(t, app2, "INSTANCE_ID"); a != "app-1" || b != "app-2" {
+		t.Errorf("INSTANCE_ID = %q, %q; want app-1, app-2", a, b)
+	}
+	if !slices.Equal(app2.Command, types.ShellCommand{"serve"}) || app2.Build == nil {
+		t.Errorf("app2 is not built and run like app: command %q", app2.Command)
+	}
+	if _, ok := app2.DependsOn["provider"]; !ok {
+		t.Error("app2 does not depend on provider")
+	}
+
+	proxy := service(t, p, "proxy")
+	publishes8080 := false
+	for _, port := range proxy.Ports {
+		publishes8080 = publishes8080 || (port.Target == 8080 && port.Published == "8080")
+	}
+	if !publishes8080 {
+		t.Errorf("proxy ports = %+v, want 8080:8080", proxy.Ports)
+	}
+	for _, dep := range []string{"app", "app2"} {
+		if _, ok := proxy.DependsOn[dep]; !ok {
+			t.Errorf("proxy does not depend on %s", dep)
+		}
+	}
+	if len(proxy.Configs) != 1 || proxy.Configs[0].Target != "/etc/caddy/Caddyfile" {
+		t.Fatalf("proxy configs = %+v, want the Caddyfile", proxy.Configs)
+	}
+	cfg, ok := p.Configs[proxy.Configs[0].Source]
+	if !ok {
+		t.Fatalf("config %q is not defined", proxy.Configs[0].Source)
+	}
+	for _, upstream := range []string{"app:8080", "app2:8080"} {
+		if !strings.Contains(cfg.Content, upstream) {
+			t.Errorf("Caddyfile does not proxy to %s:\n%s", upstream, cfg.Content)
+		}
 	}
 }
 

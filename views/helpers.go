@@ -69,3 +69,11 @@ func shortKey(k string) string {
 	}
 	return k
 }
+
+// plural says "1 event", "3 events".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}

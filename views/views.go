@@ -46,5 +46,6 @@ var Nav = []NavItem{
 	{"policies", "Policies", "/policies"},
 	{"slots", "Slots", "/slots"},
 	{"provider", "Provider", "/provider"},
+	{"recovery", "Recovery", "/recovery"},
 	{"labs", "Labs", "/labs"},
 }

@@ -104,7 +104,13 @@ func TestCancelAnswersForEachProviderMode(t *testing.T) {
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			t.Parallel()
-			s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": "500ms"})
+			// Modes that never answer cost one short timeout; answered modes get a
+			// patient client, so a loaded machine cannot turn an answer into a timeout.
+			timeout := "10s"
+			if tc.status == 202 && tc.mode != fake.ModeError {
+				timeout = "500ms"
+			}
+			s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": timeout})
 			s.setFaults(t, func(f *fake.Fault) { f.Mode = tc.mode; f.SlowMS = 60000 })
 			pid := s.policyOf(t, "demo-alice", 0)
 			r := s.do(cancelReq(pid, "demo-alice", "key-"+string(tc.mode), `{"reason":"moving abroad"}`))

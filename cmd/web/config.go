@@ -52,6 +52,7 @@ type config struct {
 	// AllowReset enables POST /api/v1/admin/reset (ALLOW_RESET=true): a
 	// demo and load-test switch, never for production.
 	AllowReset bool
+	Recovery   recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -90,6 +91,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.OperationLease, err = durationEnv(getenv, "OPERATION_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.Recovery, err = loadRecoveryConfig(getenv); err != nil {
 		return c, err
 	}
 	if err := validateCrash(c.CrashAt, c.CrashMode); err != nil {

@@ -28,6 +28,7 @@ var errorTable = []struct {
 	{policies.ErrOperationNotFound, http.StatusNotFound, "not-found", "Operation not found"},
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{policies.ErrLeaseLost, http.StatusConflict, "lease-lost", "Another worker took over the operation"},
+	{policies.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
 	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},

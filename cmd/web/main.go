@@ -2,6 +2,8 @@
 // subcommands) the fake provider and the recovery loop on their own.
 //
 //	web [serve]              the app (default)
+//	web provider             the fake provider alone
+//	web recover              the recovery loop alone (needs PROVIDER_URL)
 //	web migrate up|down|status
 //	web healthcheck          exit 0 when this instance's /healthz answers 200
 //

@@ -26,12 +26,15 @@ func (app *application) routes() *echo.Echo {
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := e.Group("/api/v1", app.authenticateBearer)
-	api.GET("/policies", app.handleListPolicies)                                                   // the caller's policies, ?status=, paginated
-	api.GET("/policies/:id", app.handleGetPolicy)                                                  // one of the caller's policies
-	api.GET("/slots", app.handleListSlots)                                                         // every slot, ?status=, paginated
-	api.GET("/users", app.handleListUsers, requireAdmin)                                           // every account (admin)
-	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors) // cancel (Idempotency-Key)
-	api.GET("/operations/:id", app.handleGetOperation)                                             // status, steps, timeline, provider truth
+	api.GET("/policies", app.handleListPolicies)                                                                        // the caller's policies, ?status=, paginated
+	api.GET("/policies/:id", app.handleGetPolicy)                                                                       // one of the caller's policies
+	api.GET("/slots", app.handleListSlots)                                                                              // every slot, ?status=, paginated
+	api.GET("/users", app.handleListUsers, requireAdmin)                                                                // every account (admin)
+	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors)                      // cancel (Idempotency-Key)
+	api.GET("/operations/:id", app.handleGetOperation)                                                                  // status, steps, timeline, provider truth
+	api.GET("/recovery", app.handleRecoveryAPI)                                                                         // counts, live operations, recent recovery steps
+	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                                         // operations that need a person (admin)
+	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI(), translateErrors) // a person's decision (admin, Idempotency-Key)
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
@@ -53,13 +56,15 @@ func (app *application) routes() *echo.Echo {
 	// Browser pages: a signed session cookie, and CSRF on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}
 	signedIn := append(page[:len(page):len(page)], requireSignIn)
-	e.GET("/", app.handleHome, page...)                     // what each part demonstrates
-	e.GET("/signin", app.handleSignInPage, page...)         // "sign in as" a demo user
-	e.POST("/signin", app.handleSignIn, page...)            // sets the session cookie
-	e.POST("/signout", app.handleSignOut, page...)          // clears it
-	e.GET("/policies", app.handlePoliciesPage, signedIn...) // your policies
-	e.GET("/slots", app.handleSlotsPage, signedIn...)       // the slots grid
-	e.GET("/provider", app.handleProviderPage, signedIn...) // the fake provider: faults, ledger, what each mode means
+	e.GET("/", app.handleHome, page...)                        // what each part demonstrates
+	e.GET("/signin", app.handleSignInPage, page...)            // "sign in as" a demo user
+	e.POST("/signin", app.handleSignIn, page...)               // sets the session cookie
+	e.POST("/signout", app.handleSignOut, page...)             // clears it
+	e.GET("/policies", app.handlePoliciesPage, signedIn...)    // your policies
+	e.GET("/slots", app.handleSlotsPage, signedIn...)          // the slots grid
+	e.GET("/provider", app.handleProviderPage, signedIn...)    // the fake provider: faults, ledger, what each mode means
+	e.GET("/recovery", app.handleRecoveryPage, page...)        // the recovery loops at work (everyone)
+	e.GET("/recovery/panel", app.handleRecoveryPanel, page...) // its htmx partial
 
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.
@@ -73,6 +78,9 @@ func (app *application) routes() *echo.Echo {
 	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
 	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)
 	e.POST("/provider/reset", app.handleProviderResetForm, adminOnly...)   // the page's reset button (admin)
+	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...)   // operations that need a person (admin)
+	e.POST("/reconciliation/:id/resolve", app.handleResolveForm,
+		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm(), translateErrors)...) // a decision (keyed form)
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.
 	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)           // book, then back to the grid

@@ -22,6 +22,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
 )
@@ -44,12 +45,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, cfg, logger, stdout)
 	case "provider":
 		return serveProvider(ctx, cfg, logger, stdout)
+	case "recover":
+		return recoverOnly(ctx, cfg, logger, stdout)
 	case "migrate":
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, cfg)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, provider, migrate or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, recover, migrate or healthcheck)", cmd)
 	}
 }
 
@@ -95,6 +98,7 @@ type application struct {
 	idempotency *idempotency.Store
 	canceller   *policies.Canceller
 	crash       *crashSwitch
+	recovery    *recovery.Loop
 }
 
 // serve opens the database, migrates, seeds, starts the HTTP server and the
@@ -178,6 +182,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		crash:       &crashSwitch{at: policies.CrashPoint(cfg.CrashAt), mode: cfg.CrashMode},
 	}
 	app.canceller.Crash = app.crash.hook(logger)
+	app.recovery = newRecoveryLoop(cfg, app.canceller, logger, app.metrics.reg)
 	e := app.routes()
 	app.handler = e
 
@@ -203,6 +208,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	}
 	// Completed keys are replayed for IDEMPOTENCY_TTL, then purged.
 	startLoop(idempotency.NewJanitor(app.idempotency, idempotency.JanitorConfig{Logger: logger}).Run)
+	// Operations a timeout or a crash left IN_PROGRESS are finished here,
+	// by whichever instance claims them first.
+	startLoop(app.recovery.Run)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

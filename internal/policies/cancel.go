@@ -120,16 +120,23 @@ func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish
 // the one code path by which requests and the recovery loop finish an
 // operation. See Cancel for the transitions and Finish for the answer.
 func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string, res provider.Result, finish Finish) (Operation, error) {
+	return c.record(ctx, opID, token, note{actor: actor}, res, finish)
+}
+
+// record is Record with the recovery loop's branch and wording on the
+// timeline (n.detail "" keeps the default wording).
+func (c *Canceller) record(ctx context.Context, opID int64, token string, n note, res provider.Result, finish Finish) (Operation, error) {
 	var op Operation
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var err error
 		switch res.Outcome {
 		case provider.Confirmed:
-			op, err = c.store.Succeed(ctx, tx, opID, token, actor, "provider confirmed the cancellation")
+			op, err = c.store.succeed(ctx, tx, opID, token, n.or("provider confirmed the cancellation"))
 		case provider.Rejected:
-			op, err = c.store.Fail(ctx, tx, opID, token, string(provider.TruthRejected), "provider refused: "+res.Reason, actor)
+			why := "provider refused: " + res.Reason
+			op, err = c.store.fail(ctx, tx, opID, token, string(provider.TruthRejected), why, n.or(why))
 		default:
-			op, err = c.store.HandOver(ctx, tx, opID, token, unknownCause(res), actor)
+			op, err = c.store.HandOver(ctx, tx, opID, token, unknownCause(res), n.actor)
 		}
 		if err != nil {
 			return err
@@ -182,4 +189,12 @@ func unknownCause(res provider.Result) string {
 	default:
 		return "no answer from the provider"
 	}
+}
+
+// or returns n with detail set to def when n has none.
+func (n note) or(def string) note {
+	if n.detail == "" {
+		n.detail = def
+	}
+	return n
 }

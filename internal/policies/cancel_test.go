@@ -19,10 +19,13 @@ import (
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
-// providerTimeout is the workflow's patience: short, so timeout modes are
-// cheap, but long enough that an answered call is not mistaken for one under
-// -race on a loaded machine.
-const providerTimeout = 400 * time.Millisecond
+// The workflow's patience. Modes that never answer cost one impatient
+// timeout; modes that answer get a patient client, so a loaded machine
+// (-race, packages in parallel) cannot turn an answer into a timeout.
+const (
+	impatient = 400 * time.Millisecond
+	patient   = 10 * time.Second
+)
 
 type bundle struct {
 	db        *testdb.DB
@@ -34,6 +37,11 @@ type bundle struct {
 }
 
 func setup(t *testing.T) *bundle {
+	t.Helper()
+	return setupWithTimeout(t, patient)
+}
+
+func setupWithTimeout(t *testing.T, providerTimeout time.Duration) *bundle {
 	t.Helper()
 	db := testdb.New(t)
 	ctx := context.Background()
@@ -121,7 +129,11 @@ func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			timeout := patient
+			if tc.status == policies.OpInProgress && tc.mode != fake.ModeError {
+				timeout = impatient // the provider holds the call until we give up
+			}
+			b := setupWithTimeout(t, timeout)
 			b.setMode(t, tc.mode)
 			pid := b.policyIDs[0]
 			op, err := b.cancel(t, pid, "key-1")

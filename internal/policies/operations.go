@@ -107,6 +107,8 @@ type Event struct {
 	OwnerToken  *string   `json:"owner_token"`
 	Detail      string    `json:"detail"`
 	Statement   string    `json:"statement"`
+	// Branch is the recovery decision-tree branch, for recovery events.
+	Branch *string `json:"branch,omitempty"`
 }
 
 // opColumns is the select list scanOperation reads, in order.
@@ -159,7 +161,7 @@ func (s *Store) OperationForPolicy(ctx context.Context, policyID int64) (Operati
 // Timeline returns the operation's events, oldest first.
 func (s *Store) Timeline(ctx context.Context, operationID int64) ([]Event, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement
+		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch
 		  FROM operation_events
 		 WHERE operation_id = $1
 		 ORDER BY id`, operationID)
@@ -176,10 +178,16 @@ func (s *Store) Timeline(ctx context.Context, operationID int64) ([]Event, error
 // recordEvent appends one line to the timeline, in the transaction that made
 // the transition, so the timeline never shows a transition that rolled back.
 func recordEvent(ctx context.Context, db database.DBTX, op Operation, from *string, actor, detail, statement string) error {
+	return recordBranchEvent(ctx, db, op, from, actor, "", detail, statement)
+}
+
+// recordBranchEvent is recordEvent for the recovery loop, which also names
+// the branch of the decision tree it took ("" for none).
+func recordBranchEvent(ctx context.Context, db database.DBTX, op Operation, from *string, actor, branch, detail, statement string) error {
 	_, err := db.Exec(ctx, `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement)
-		VALUES ($1, $2, $3, $4, $5::uuid, $6, $7)`,
-		op.ID, from, op.Status, actor, op.OwnerToken, detail, statement)
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch)
+		VALUES ($1, $2, $3, $4, $5::uuid, $6, $7, nullif($8, ''))`,
+		op.ID, from, op.Status, actor, op.OwnerToken, detail, statement, branch)
 	if err != nil {
 		return fmt.Errorf("policies: record event: %w", err)
 	}

@@ -129,6 +129,16 @@ UPDATE policies
 // neither, and only while token still owns the operation (else
 // ErrLeaseLost, and the caller must roll tx back).
 func (s *Store) Succeed(ctx context.Context, tx pgx.Tx, opID int64, token, actor, detail string) (Operation, error) {
+	return s.succeed(ctx, tx, opID, token, note{actor: actor, detail: detail})
+}
+
+// note is what a transition writes on the timeline: who, which branch of
+// the recovery decision tree (if any), and why.
+type note struct {
+	actor, branch, detail string
+}
+
+func (s *Store) succeed(ctx context.Context, tx pgx.Tx, opID int64, token string, n note) (Operation, error) {
 	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlSucceed)
 	if err != nil {
 		return Operation{}, err
@@ -136,7 +146,7 @@ func (s *Store) Succeed(ctx context.Context, tx pgx.Tx, opID int64, token, actor
 	if _, err := tx.Exec(ctx, sqlMarkPolicyCancelled, op.PolicyID); err != nil {
 		return Operation{}, fmt.Errorf("policies: mark policy cancelled: %w", err)
 	}
-	return op, recordEvent(ctx, tx, op, &from, actor, detail, sqlSucceed+";\n"+sqlMarkPolicyCancelled)
+	return op, recordBranchEvent(ctx, tx, op, &from, n.actor, n.branch, n.detail, sqlSucceed+";\n"+sqlMarkPolicyCancelled)
 }
 
 const sqlFail = `
@@ -156,11 +166,15 @@ RETURNING ` + opColumns
 // (truth is what it said, e.g. REJECTED). The policy stays ACTIVE and a
 // later request may start the cancellation again.
 func (s *Store) Fail(ctx context.Context, tx pgx.Tx, opID int64, token, truth, why, actor string) (Operation, error) {
+	return s.fail(ctx, tx, opID, token, truth, why, note{actor: actor, detail: why})
+}
+
+func (s *Store) fail(ctx context.Context, tx pgx.Tx, opID int64, token, truth, why string, n note) (Operation, error) {
 	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlFail, truth, why)
 	if err != nil {
 		return Operation{}, err
 	}
-	return op, recordEvent(ctx, tx, op, &from, actor, why, sqlFail)
+	return op, recordBranchEvent(ctx, tx, op, &from, n.actor, n.branch, n.detail, sqlFail)
 }
 
 const sqlHandOver = `
@@ -209,6 +223,86 @@ func (s *Store) RecordRetry(ctx context.Context, tx pgx.Tx, opID int64, actor st
 	}
 	return op, recordEvent(ctx, tx, op, &op.Status, actor,
 		"the request that started this operation was retried with the same key: answered with the current state", sqlRecordRetry)
+}
+
+const sqlRenewLease = `
+UPDATE policy_operations
+   SET lease_expires_at = now() + make_interval(secs => $3), -- covers the next wait and the call after it
+       provider_truth = $4, -- what the last status query said (NULL: it could not be asked)
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence: a worker that lost the operation stops here
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+// RenewLease extends the owner's lease by d from now (database clock), as a
+// recovery worker does before every wait while it polls, and notes the
+// provider's truth as last seen ("" when it could not be asked). It
+// returns ErrLeaseLost when token no longer owns the operation: the worker
+// must stop, having written nothing.
+func (s *Store) RenewLease(ctx context.Context, tx pgx.Tx, opID int64, token string, d time.Duration, truth string, n note) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlRenewLease, d.Seconds(), nullable(truth))
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, recordBranchEvent(ctx, tx, op, &from, n.actor, n.branch, n.detail, sqlRenewLease)
+}
+
+const sqlBackOff = `
+UPDATE policy_operations
+   SET attempts = attempts + 1,
+       next_attempt_at = now() + make_interval(secs => $3), -- no worker claims it before then
+       lease_expires_at = now(), -- released: claimable again once next_attempt_at passes
+       provider_truth = $4,
+       last_error = $5,
+       steps = steps || '{"provider_cancel": "UNKNOWN"}',
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+// BackOff records an attempt that did not learn the outcome and makes the
+// operation claimable again after wait. It stays RECOVERING: still missing
+// information, not a failure.
+func (s *Store) BackOff(ctx context.Context, tx pgx.Tx, opID int64, token string, wait time.Duration, truth, why string, n note) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlBackOff, wait.Seconds(), nullable(truth), why)
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, recordBranchEvent(ctx, tx, op, &from, n.actor, n.branch, n.detail, sqlBackOff)
+}
+
+const sqlNeedsReconciliation = `
+UPDATE policy_operations
+   SET status = 'NEEDS_RECONCILIATION',
+       attempts = attempts + 1,
+       next_attempt_at = NULL, -- no worker will touch it again: a person decides
+       provider_truth = $3,
+       last_error = $4,
+       steps = steps || '{"provider_cancel": "UNKNOWN"}',
+       updated_at = now()
+ WHERE id = $1
+   AND owner_token = $2 -- the fence
+   AND status IN ('IN_PROGRESS', 'RECOVERING')
+RETURNING ` + opColumns
+
+// SendToReconciliation gives up on finding the outcome automatically: the
+// operation waits for a person (the reconciliation page), with why and the
+// timeline as evidence.
+func (s *Store) SendToReconciliation(ctx context.Context, tx pgx.Tx, opID int64, token, truth, why string, n note) (Operation, error) {
+	op, from, err := s.fencedUpdate(ctx, tx, opID, token, sqlNeedsReconciliation, nullable(truth), why)
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, recordBranchEvent(ctx, tx, op, &from, n.actor, n.branch, n.detail, sqlNeedsReconciliation)
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // fencedUpdate runs one owner's UPDATE … RETURNING and tells the previous

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/idemlab/idemlab/internal/browsertest"
+)
+
+// recoveryEnv makes recovery fast enough to watch in a test: short lease,
+// frequent passes, a provider slower than the app waits.
+var recoveryEnv = map[string]string{
+	"PROVIDER_FAULT_MODE":    "slow", // RUNNING for 5s
+	"PROVIDER_TIMEOUT":       "300ms",
+	"OPERATION_LEASE":        "1s",
+	"RECOVERY_INTERVAL":      "100ms",
+	"RECOVERY_POLL_INTERVAL": "300ms",
+	"RECOVERY_MAX_POLLS":     "8",
+	"INSTANCE_ID":            "app-1",
+}
+
+// A customer cancels while the provider is slow, and watches the operation
+// page go IN_PROGRESS → RECOVERING → SUCCEEDED as the recovery loop polls
+// the provider and finishes it.
+func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, recoveryEnv)
+	ctx := browsertest.New(t)
+	var policyID int64
+	if err := s.DB.Pool.QueryRow(context.Background(),
+		`SELECT p.id FROM policies p JOIN users u ON u.id = p.user_id WHERE u.name = 'alice' ORDER BY p.id LIMIT 1`).Scan(&policyID); err != nil {
+		t.Fatal(err)
+	}
+	err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
+		chromedp.Navigate(fmt.Sprintf("%s/policies/%d", s.URL, policyID)),
+		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="operation-panel"]`, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Record every status the page shows until it is terminal.
+	var seen []string
+	shot := false
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var status string
+		if err := chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector('[data-testid="operation-panel"]').dataset.status`, &status)); err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != status {
+			seen = append(seen, status)
+		}
+		if status == "RECOVERING" && !shot {
+			browsertest.Screenshot(ctx, t, "operation-mid-recovery")
+			shot = true
+		}
+		if status == "SUCCEEDED" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !slices.Equal(seen, []string{"IN_PROGRESS", "RECOVERING", "SUCCEEDED"}) &&
+		!slices.Equal(seen, []string{"RECOVERING", "SUCCEEDED"}) {
+		t.Fatalf("statuses seen: %v", seen)
+	}
+	if !slices.Contains(seen, "RECOVERING") {
+		t.Fatalf("never saw RECOVERING: %v", seen)
+	}
+	var timeline string
+	if err := chromedp.Run(ctx, chromedp.Text(`[data-testid="timeline"]`, &timeline, chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(timeline, "recovery on app-1") || !strings.Contains(timeline, "poll") {
+		t.Errorf("timeline does not show the recovery: %q", timeline)
+	}
+	browsertest.Screenshot(ctx, t, "operation-recovered")
+
+	var recent string
+	err = chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/recovery"),
+		chromedp.WaitVisible(`[data-testid="recent-recoveries"]`, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="recent-recoveries"]`, &recent, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(recent, "completed") || !strings.Contains(recent, "claimed") {
+		t.Errorf("recent recoveries: %q", recent)
+	}
+	browsertest.Screenshot(ctx, t, "recovery-page")
+}
+
+// An admin resolves an operation recovery sent to reconciliation, and a
+// decision on a state that changed meanwhile is refused with a clear notice.
+func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, recoveryEnv)
+	ctx := browsertest.New(t)
+	bg := context.Background()
+	// Two cancellations recovery gave up on (as a non-idempotent provider
+	// whose status could not be asked would leave them).
+	var ids []int64
+	rows, err := s.DB.Pool.Query(bg, `
+		INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status, owner_token,
+		                               owner_id, lease_expires_at, provider_key, attempts, last_error, steps)
+		SELECT p.id, 'CANCEL', p.user_id, 'k-' || p.id, 'NEEDS_RECONCILIATION', gen_random_uuid(),
+		       'recovery on app-2', now(), format('policy-%s-cancel-1', p.id), 3,
+		       'after 5 polls the provider could not be asked, and the provider is not idempotent: a person must decide',
+		       '{"record_intent": "DONE", "provider_cancel": "UNKNOWN", "mark_cancelled": "PENDING"}'
+		  FROM policies p JOIN users u ON u.id = p.user_id
+		 WHERE u.name = 'bob'
+		 ORDER BY p.id LIMIT 2
+		RETURNING id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	if len(ids) != 2 {
+		t.Fatalf("seeded %d operations", len(ids))
+	}
+	for _, id := range ids {
+		s.DB.Pool.Exec(bg, `INSERT INTO operation_events (operation_id, from_status, to_status, actor, detail, branch)
+			VALUES ($1, 'RECOVERING', 'NEEDS_RECONCILIATION', 'recovery on app-2', 'the provider could not be asked; not idempotent', 'reconciliation')`, id)
+	}
+
+	var notice string
+	first := fmt.Sprintf(`[data-testid="reconcile-%d"] [data-testid="resolve-mark_cancelled"] button`, ids[0])
+	err = chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/reconciliation"),
+		chromedp.WaitVisible(first, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browsertest.Screenshot(ctx, t, "reconciliation-page")
+	err = chromedp.Run(ctx,
+		chromedp.Click(first, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="notice"]`, &notice, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(notice, "decision recorded") {
+		t.Errorf("notice %q", notice)
+	}
+	var opStatus, policyStatus string
+	s.DB.Pool.QueryRow(bg, `SELECT o.status, p.status FROM policy_operations o JOIN policies p ON p.id = o.policy_id WHERE o.id = $1`, ids[0]).Scan(&opStatus, &policyStatus)
+	if opStatus != "SUCCEEDED" || policyStatus != "CANCELLED" {
+		t.Fatalf("after mark cancelled: operation %s, policy %s", opStatus, policyStatus)
+	}
+
+	// Another admin decides on the second one while this page shows it.
+	s.DB.Pool.Exec(bg, `UPDATE policy_operations SET status = 'FAILED', updated_at = now(), finished_at = now() WHERE id = $1`, ids[1])
+	var page string
+	err = chromedp.Run(ctx,
+		chromedp.Click(fmt.Sprintf(`[data-testid="reconcile-%d"] [data-testid="resolve-retry"] button`, ids[1]), chromedp.ByQuery),
+		chromedp.WaitVisible(`article.notice`, chromedp.ByQuery),
+		chromedp.Text(`main`, &page, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(page, "Someone else already resolved it") {
+		t.Errorf("stale decision page: %q", page)
+	}
+	browsertest.Screenshot(ctx, t, "reconciliation-already-resolved")
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/views"
+)
+
+// recoverySnapshot is GET /api/v1/recovery and what the recovery page shows.
+type recoverySnapshot struct {
+	Instance string                   `json:"instance"`
+	Settings recoverySettings         `json:"settings"`
+	Counts   map[string]int           `json:"counts"`
+	Live     []policies.LiveOperation `json:"live"`
+	Recent   []policies.RecoveryEvent `json:"recent"`
+}
+
+type recoverySettings struct {
+	Strategy     string  `json:"strategy"`
+	IntervalS    float64 `json:"interval_seconds"`
+	LeaseS       float64 `json:"lease_seconds"`
+	MaxPolls     int     `json:"max_polls"`
+	PollTimeS    float64 `json:"max_poll_seconds"`
+	MaxAttempts  int     `json:"max_attempts"`
+	RetryUnknown bool    `json:"retry_unknown"`
+	BoundS       float64 `json:"bound_seconds"`
+}
+
+func (app *application) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) {
+	counts, err := app.policies.CountByStatus(ctx)
+	if err != nil {
+		return recoverySnapshot{}, err
+	}
+	live, err := app.policies.ListLive(ctx, 50)
+	if err != nil {
+		return recoverySnapshot{}, err
+	}
+	recent, err := app.policies.RecentRecoveryEvents(ctx, 30)
+	if err != nil {
+		return recoverySnapshot{}, err
+	}
+	cfg := app.recovery.Settings()
+	b := cfg.Budget()
+	return recoverySnapshot{
+		Instance: app.cfg.InstanceID,
+		Settings: recoverySettings{
+			Strategy: string(cfg.Strategy), IntervalS: cfg.Interval.Seconds(), LeaseS: b.Lease.Seconds(),
+			MaxPolls: b.MaxPolls, PollTimeS: b.MaxPollTime().Seconds(), MaxAttempts: b.MaxAttempts,
+			RetryUnknown: b.RetryUnknown, BoundS: app.recovery.Bound().Seconds(),
+		},
+		Counts: counts, Live: live, Recent: recent,
+	}, nil
+}
+
+// handleRecoveryAPI: GET /api/v1/recovery
+func (app *application) handleRecoveryAPI(c echo.Context) error {
+	s, err := app.recoverySnapshot(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, s)
+}
+
+// handleRecoveryPage: GET /recovery — for everyone, refreshing itself.
+func (app *application) handleRecoveryPage(c echo.Context) error {
+	v, err := app.recoveryView(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.RecoveryPage(app.page(c, "Recovery", "recovery"), v))
+}
+
+// handleRecoveryPanel: GET /recovery/panel — the htmx partial.
+func (app *application) handleRecoveryPanel(c echo.Context) error {
+	v, err := app.recoveryView(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusOK, views.RecoveryPanel(v))
+}
+
+func (app *application) recoveryView(ctx context.Context) (views.RecoveryView, error) {
+	s, err := app.recoverySnapshot(ctx)
+	if err != nil {
+		return views.RecoveryView{}, err
+	}
+	cfg := app.recovery.Settings()
+	b := cfg.Budget()
+	v := views.RecoveryView{
+		Instance: s.Instance, Strategy: s.Settings.Strategy, Interval: cfg.Interval.String(), Lease: b.Lease.String(),
+		MaxPolls: b.MaxPolls, PollTime: b.MaxPollTime().String(), MaxAttempts: b.MaxAttempts, RetryUnknown: b.RetryUnknown,
+		Bound: app.recovery.Bound().Round(100 * time.Millisecond).String(),
+	}
+	for _, st := range []string{policies.OpInProgress, policies.OpRecovering, policies.OpSucceeded, policies.OpFailed, policies.OpNeedsReconciliation} {
+		v.Counts = append(v.Counts, views.StatusCount{Status: st, N: s.Counts[st]})
+	}
+	for _, l := range s.Live {
+		row := views.LiveOperation{
+			ID: l.ID, PolicyID: l.PolicyID, Status: l.Status, Owner: deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
+			Attempts: l.Attempts, LastError: deref(l.LastError), State: "owned", StateKind: "DONE",
+		}
+		switch {
+		case l.Stale && l.Due:
+			row.State, row.StateKind = "stale: claimable now", "IN_PROGRESS"
+		case l.Stale:
+			row.State, row.StateKind = "backing off until "+timeText(l.NextAttemptAt), "PENDING"
+		}
+		v.Live = append(v.Live, row)
+	}
+	for _, r := range s.Recent {
+		v.Recent = append(v.Recent, views.RecoveryStep{
+			At: r.At.UTC().Format("15:04:05.000"), OperationID: r.OperationID, Branch: deref(r.Branch),
+			Worker: r.Actor, To: r.ToStatus, Detail: r.Detail,
+		})
+	}
+	return v, nil
+}
+
+// handleReconciliationAPI: GET /api/v1/admin/reconciliation (admin)
+func (app *application) handleReconciliationAPI(c echo.Context) error {
+	ops, err := app.policies.ListByStatus(c.Request().Context(), policies.OpNeedsReconciliation, 100)
+	if err != nil {
+		return err
+	}
+	if ops == nil {
+		ops = []policies.Operation{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"items": ops})
+}
+
+// handleReconciliationPage: GET /reconciliation (admin) — operations that
+// need a person, with their evidence and three keyed decision forms.
+func (app *application) handleReconciliationPage(c echo.Context) error {
+	ctx := c.Request().Context()
+	ops, err := app.policies.ListByStatus(ctx, policies.OpNeedsReconciliation, 100)
+	if err != nil {
+		return err
+	}
+	v := views.ReconciliationView{}
+	if id := c.QueryParam("resolved"); id != "" {
+		v.Notice = fmt.Sprintf("Cancellation #%s: decision recorded (%s). It is on the operation's timeline.", id, c.QueryParam("action"))
+	}
+	for _, op := range ops {
+		item, err := app.reconcileItem(ctx, op)
+		if err != nil {
+			return err
+		}
+		v.Items = append(v.Items, item)
+	}
+	return render(c, http.StatusOK, views.ReconciliationPage(app.page(c, "Reconciliation", "recovery"), v))
+}
+
+func (app *application) reconcileItem(ctx context.Context, op policies.Operation) (views.ReconcileItem, error) {
+	pol, err := app.policies.Get(ctx, op.UserID, op.PolicyID)
+	if err != nil {
+		return views.ReconcileItem{}, err
+	}
+	timeline, err := app.policies.Timeline(ctx, op.ID)
+	if err != nil {
+		return views.ReconcileItem{}, err
+	}
+	item := views.ReconcileItem{
+		ID: op.ID, PolicyID: op.PolicyID, PolicyNumber: pol.Number, Attempts: op.Attempts,
+		RecordedTruth: deref(op.ProviderTruth), LastError: deref(op.LastError),
+		Updated: op.UpdatedAt.UTC().Format("15:04:05 MST"), SeenUpdatedAt: op.UpdatedAt.Format(time.RFC3339Nano),
+		Keys: map[string]string{},
+	}
+	for _, r := range []policies.Resolution{policies.ResolveCancelled, policies.ResolveRetry, policies.ResolveFailed} {
+		item.Keys[string(r)] = newFormKey()
+	}
+	askCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if truth, err := app.provider.Status(askCtx, op.ProviderKey); err != nil {
+		item.LiveError = err.Error()
+	} else {
+		item.LiveTruth = string(truth)
+	}
+	for _, e := range timeline {
+		item.Timeline = append(item.Timeline, views.TimelineEvent{
+			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Actor: e.Actor, Detail: e.Detail,
+		})
+	}
+	return item, nil
+}
+
+// resolveBody is the JSON of POST /api/v1/admin/operations/{id}/resolve.
+type resolveBody struct {
+	Action        string    `json:"action"`          // mark_cancelled | retry | mark_failed
+	SeenUpdatedAt time.Time `json:"seen_updated_at"` // the operation's updated_at as the admin saw it
+	Note          string    `json:"note"`
+}
+
+// handleResolveAPI: POST /api/v1/admin/operations/:id/resolve (admin,
+// Idempotency-Key). 200 with the operation · 409 state-changed when it is
+// no longer as seen.
+func (app *application) handleResolveAPI(c echo.Context) error {
+	var in resolveBody
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return idempotency.Reject(err)
+	}
+	req, err := app.resolveRequest(c, in)
+	if err != nil {
+		return idempotency.Reject(err)
+	}
+	claim := idempotency.ClaimFrom(c.Request().Context())
+	var answer idempotency.Response
+	_, err = app.canceller.Resolve(c.Request().Context(), req, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+		var err error
+		if answer, err = idempotency.JSONResponse(http.StatusOK, op); err != nil {
+			return err
+		}
+		return claim.Complete(ctx, tx, answer)
+	})
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+// handleResolveForm: POST /reconciliation/:id/resolve (admin form, hidden
+// idempotency_key). The answer — a redirect back to the list — is stored
+// with the decision, so a double-click replays it.
+func (app *application) handleResolveForm(c echo.Context) error {
+	seen, err := time.Parse(time.RFC3339Nano, c.FormValue("seen_updated_at"))
+	if err != nil {
+		return idempotency.Reject(problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page"))
+	}
+	req, err := app.resolveRequest(c, resolveBody{Action: c.FormValue("action"), SeenUpdatedAt: seen, Note: c.FormValue("note")})
+	if err != nil {
+		return idempotency.Reject(err)
+	}
+	claim := idempotency.ClaimFrom(c.Request().Context())
+	var answer idempotency.Response
+	_, err = app.canceller.Resolve(c.Request().Context(), req, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/reconciliation?resolved=%d&action=%s", op.ID, req.Resolution))
+		return claim.Complete(ctx, tx, answer)
+	})
+	if errors.Is(err, policies.ErrStateChanged) {
+		// Said in words, and stored as this form's answer like any other.
+		n := views.Notice{
+			Title: "Someone else already resolved it",
+			Message: fmt.Sprintf("Cancellation #%d is no longer in the state this page showed you, so your decision was not applied. "+
+				"Another admin (or the recovery loop, after a retry) got there first; its timeline says what happened.", req.OperationID),
+			Back: "/reconciliation", BackLabel: "Back to reconciliation",
+		}
+		return render(c, http.StatusConflict, views.NoticePage(app.page(c, n.Title, "recovery"), n))
+	}
+	if err != nil {
+		return err
+	}
+	return answer.Write(c)
+}
+
+func (app *application) resolveRequest(c echo.Context, in resolveBody) (policies.ResolveRequest, error) {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return policies.ResolveRequest{}, err
+	}
+	res := policies.Resolution(in.Action)
+	if !res.Valid() {
+		return policies.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
+			"action must be mark_cancelled, retry or mark_failed").With("field", "action")
+	}
+	if in.SeenUpdatedAt.IsZero() {
+		return policies.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
+			"seen_updated_at must be the operation's updated_at as you saw it").With("field", "seen_updated_at")
+	}
+	if err := validateReason(in.Note); err != nil {
+		return policies.ResolveRequest{}, err
+	}
+	u, _ := userFrom(c)
+	return policies.ResolveRequest{
+		OperationID: id, Resolution: res, SeenUpdatedAt: in.SeenUpdatedAt, Note: in.Note,
+		Actor: u.Name + " (admin, " + app.actor(c) + ")",
+	}, nil
+}

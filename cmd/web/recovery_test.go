@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/testdb"
+)
+
+// TestMain lets a test re-execute this test binary as the server: with
+// IDEMLAB_CHILD=1 it runs run() with IDEMLAB_CHILD_ARGS and the process
+// environment, as main would, and exits. The two-process crash test needs
+// a process it can SIGKILL.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMLAB_CHILD") == "1" {
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		err := run(ctx, strings.Fields(os.Getenv("IDEMLAB_CHILD_ARGS")), os.Getenv, os.Stdout, os.Stderr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "web:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childServer is `web serve` in its own process.
+type childServer struct {
+	URL string
+	cmd *exec.Cmd
+}
+
+func startChild(t *testing.T, env map[string]string) *childServer {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "IDEMLAB_CHILD=1", "IDEMLAB_CHILD_ARGS=serve")
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = testLogWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if _, url, ok := strings.Cut(sc.Text(), "listening on "); ok {
+				found <- strings.TrimSpace(url)
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case url := <-found:
+		return &childServer{URL: url, cmd: cmd}
+	case <-time.After(60 * time.Second):
+		t.Fatal("child server did not start within 60s")
+	}
+	return nil
+}
+
+// Two server processes share one database and one provider. One is killed
+// with SIGKILL while its cancellations wait on a slow provider; the other
+// finishes every one of them within lease + interval + polling, and the
+// invariants hold.
+func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+
+	// The provider runs in the test, outside both servers, as in compose.
+	prov := fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	provSrv := httptest.NewServer(prov.Handler())
+	t.Cleanup(func() { prov.Close(); provSrv.Close() })
+
+	const (
+		lease        = time.Second
+		interval     = 100 * time.Millisecond
+		pollInterval = 200 * time.Millisecond
+		maxPolls     = 5
+		slow         = 4 * time.Second
+	)
+	common := map[string]string{
+		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provSrv.URL,
+		"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "6",
+		"OPERATION_LEASE": lease.String(), "RECOVERY_INTERVAL": interval.String(),
+		"RECOVERY_POLL_INTERVAL": pollInterval.String(), "RECOVERY_MAX_POLLS": fmt.Sprint(maxPolls),
+	}
+	with := func(extra map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range common {
+			m[k] = v
+		}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	// app-1 waits for the provider longer than it is slow: its requests are
+	// all in flight when it dies. app-2 is the survivor.
+	victim := startChild(t, with(map[string]string{"INSTANCE_ID": "app-1", "PROVIDER_TIMEOUT": "10s"}))
+	survivor := startChild(t, with(map[string]string{"INSTANCE_ID": "app-2", "PROVIDER_TIMEOUT": "500ms"}))
+
+	f := fake.DefaultFault()
+	f.Mode, f.SlowMS = fake.ModeSlow, int(slow.Milliseconds())
+	if _, err := prov.SetFaults(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every customer cancels every policy, at once, on app-1.
+	type target struct{ token, path string }
+	var targets []target
+	rows, err := db.Pool.Query(ctx, `SELECT 'demo-' || u.name, p.id FROM policies p JOIN users u ON u.id = p.user_id ORDER BY p.id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var tok string
+		var id int64
+		rows.Scan(&tok, &id)
+		targets = append(targets, target{tok, fmt.Sprintf("/api/v1/policies/%d/cancel", id)})
+	}
+	if rows.Err() != nil || len(targets) < 5 {
+		t.Fatalf("policies: %d (%v)", len(targets), rows.Err())
+	}
+	client := noRedirectClient(nil)
+	client.Timeout = 20 * time.Second
+	var wg sync.WaitGroup
+	for i, tg := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := newRequest("POST", victim.URL+tg.path, tg.token, fmt.Sprintf("crash-%d", i))
+			if resp, err := client.Do(req); err == nil { // the connection dies with the process
+				resp.Body.Close()
+			}
+		}()
+	}
+	// Wait until every operation is recorded and its provider call in flight…
+	waitUntil(t, 10*time.Second, func() bool {
+		var n int
+		db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_provider.requests`).Scan(&n)
+		return n == len(targets)
+	})
+	// …then pull the plug.
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	wg.Wait()
+
+	// On a loaded machine a few calls may have come back before the kill;
+	// the rest died with the process.
+	var live, atCrash int
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&atCrash)
+	if atCrash == 0 {
+		t.Fatalf("no operation was in flight at the crash")
+	}
+
+	// Bound (invariant 6): the dead owner's lease, a pass, then polling
+	// (plus one lease of slack for the calls in between, and the test
+	// machine's own slowness).
+	var polling time.Duration
+	for n := range maxPolls {
+		polling += pollInterval << n
+	}
+	bound := lease + interval + polling + lease + 2*time.Second
+	waitUntil(t, bound+10*time.Second, func() bool {
+		db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&live)
+		return live == 0
+	})
+	var lastFinished time.Time
+	db.Pool.QueryRow(ctx, `SELECT max(finished_at) FROM policy_operations`).Scan(&lastFinished)
+	elapsed := lastFinished.Sub(killed)
+	t.Logf("crash → last operation finished: %s for %d operations in flight (bound %s; provider slow %s)", elapsed.Round(time.Millisecond), atCrash, bound, slow)
+	if elapsed > bound {
+		t.Errorf("finishing took %s, beyond the bound %s", elapsed, bound)
+	}
+
+	var succeeded, byApp2 int
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
+	db.Pool.QueryRow(ctx, `SELECT count(DISTINCT operation_id) FROM operation_events WHERE to_status = 'SUCCEEDED' AND actor = 'recovery on app-2'`).Scan(&byApp2)
+	if succeeded != len(targets) || byApp2 != atCrash {
+		t.Errorf("succeeded %d of %d, finished by app-2 %d of %d in flight", succeeded, len(targets), byApp2, atCrash)
+	}
+	for name, sql := range invariantChecks {
+		var bad int
+		if err := db.Pool.QueryRow(ctx, sql).Scan(&bad); err != nil || bad != 0 {
+			t.Errorf("invariant %s: %d violations (%v)", name, bad, err)
+		}
+	}
+	// Invariant 5 on the survivor: a completed key replays the identical answer.
+	first := survivor.do(t, "POST", targets[0].path, targets[0].token, "after-crash")
+	again := survivor.do(t, "POST", targets[0].path, targets[0].token, "after-crash")
+	if first.Status != 409 || again.Status != first.Status || string(again.Body) != string(first.Body) || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay: %d %s then %d %s", first.Status, first.Body, again.Status, again.Body)
+	}
+}
+
+// invariantChecks are DESIGN.md's invariants 1–4 as SQL: each counts the
+// rows that break it.
+var invariantChecks = map[string]string{
+	"1 at most one provider effect per policy": `
+		SELECT count(*) FROM (SELECT policy_id FROM fake_provider.effects GROUP BY policy_id HAVING count(*) > 1) x`,
+	"2 at most one operation per intent": `
+		SELECT count(*) FROM (SELECT 1 FROM policy_operations GROUP BY policy_id, operation_type HAVING count(*) > 1) x`,
+	"3 one confirmed booking per booked slot": `
+		SELECT count(*) FROM slots s
+		 WHERE (s.status = 'BOOKED') <> EXISTS (SELECT 1 FROM bookings b WHERE b.slot_id = s.id AND b.status = 'CONFIRMED')`,
+	"4 cancelled iff succeeded and completed": `
+		SELECT count(*)
+		  FROM policies p
+		  LEFT JOIN policy_operations o ON o.policy_id = p.id AND o.operation_type = 'CANCEL'
+		 WHERE (p.status = 'CANCELLED') <> (coalesce(o.status = 'SUCCEEDED', false)
+		        AND EXISTS (SELECT 1 FROM fake_provider.effects e WHERE e.idempotency_key = o.provider_key AND e.applied_at <= now()))`,
+}
+
+func (c *childServer) do(t *testing.T, method, path, token, key string) response {
+	t.Helper()
+	return doWith(t, noRedirectClient(nil), c.URL, request{Method: method, Path: path, Token: token,
+		Header: map[string]string{"Idempotency-Key": key}})
+}
+
+func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not reached within %s", d)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func newRequest(method, url, token, key string) (*http.Request, error) {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Idempotency-Key", key)
+	return req, nil
+}

@@ -1,0 +1,160 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Strategy is how a worker claims stale operations when several workers
+// scan the same table. Both end the same way — the claimer is the owner, with
+// a new owner token and a new lease — and differ in how they keep two
+// workers off one row. See doc.go and docs/recovery.md.
+type Strategy string
+
+const (
+	// SkipLocked selects a batch of stale rows with FOR UPDATE SKIP LOCKED
+	// and makes the transition in the same transaction: rows another
+	// worker is claiming right now are skipped, never waited for.
+	SkipLocked Strategy = "skip-locked"
+	// Transition reads candidates without locking, then claims each with
+	// one conditional UPDATE … WHERE <still stale> RETURNING: one row
+	// returned is mine, zero rows means someone else got there first.
+	Transition Strategy = "transition"
+)
+
+// ParseStrategy reads RECOVERY_CLAIM.
+func ParseStrategy(s string) (Strategy, error) {
+	switch Strategy(s) {
+	case SkipLocked, Transition:
+		return Strategy(s), nil
+	}
+	return "", fmt.Errorf("recovery: claim strategy %q (want skip-locked or transition)", s)
+}
+
+// ClaimRequest asks a Claimer for up to Limit stale operations.
+type ClaimRequest struct {
+	Strategy Strategy
+	// Actor names the claimer in the timeline: "recovery on app-2".
+	Actor string
+	// Lease is how long the claimer owns each claimed operation before
+	// another worker may take it (it renews while it works).
+	Lease time.Duration
+	Limit int
+	// Now, when set, replaces the database clock in the staleness test, so
+	// tests can move time instead of sleeping. The new lease is always
+	// measured from the database clock.
+	Now *time.Time
+}
+
+// Claim is one operation this worker now owns.
+type Claim struct {
+	ID   int64
+	Type string // selects the Recoverer
+	// Token is the claimer's owner token: every later write carries
+	// AND owner_token = Token, so a worker whose lease lapsed writes nothing.
+	Token string
+	// From is the status the operation was claimed from.
+	From  string
+	Actor string
+}
+
+// Claimer finds and claims the stale operations of one table. It lives
+// with the table's SQL (policies.Store for policy_operations); this
+// package stays free of any table.
+type Claimer interface {
+	// ClaimStale claims up to req.Limit operations that are IN_PROGRESS or
+	// RECOVERING, whose lease has expired and whose next attempt is due,
+	// and records a timeline event for each claim in the same transaction.
+	ClaimStale(ctx context.Context, req ClaimRequest) ([]Claim, error)
+	// StaleAge is how long the oldest claimable operation has been
+	// claimable (0 when none is): the recovery lag.
+	StaleAge(ctx context.Context, now *time.Time) (time.Duration, error)
+}
+
+// Recoverer finishes one claimed operation of its type by finding out what
+// really happened and acting on it. Every write it makes must be fenced by
+// c.Token; ErrLeaseLost-style failures are reported as OutcomeFenced.
+type Recoverer interface {
+	Recover(ctx context.Context, c Claim, b Budget) (Result, error)
+}
+
+// Outcome is how one recovery attempt ended.
+type Outcome string
+
+const (
+	OutcomeSucceeded Outcome = "succeeded"            // finished: the work took effect
+	OutcomeFailed    Outcome = "failed"               // finished: the remote side refused
+	OutcomeReconcile Outcome = "needs_reconciliation" // a person must decide
+	OutcomeBackedOff Outcome = "backed_off"           // unknown still: tried again after a backoff
+	OutcomeFenced    Outcome = "fenced"               // lease lost mid-way: another worker owns it; nothing written
+)
+
+// Outcomes lists them, for metrics and pages.
+var Outcomes = []Outcome{OutcomeSucceeded, OutcomeFailed, OutcomeReconcile, OutcomeBackedOff, OutcomeFenced}
+
+// Result is what a Recoverer reports about one claim.
+type Result struct {
+	Outcome Outcome
+	// Branch is the decision-tree branch taken ("completed",
+	// "not_started_retry", "running_poll_retry", …), as recorded on the
+	// operation's timeline.
+	Branch string
+	// Polls counts the status queries made while polling.
+	Polls int
+}
+
+// Budget bounds what a recoverer may do with one claim. The loop passes the
+// same budget to every recoverer, from RECOVERY_* settings.
+type Budget struct {
+	// Lease is the claimer's lease; renewed (fenced) before every wait.
+	Lease time.Duration
+	// MaxPolls bounds the status queries made while the remote side is
+	// RUNNING or cannot be asked; PollInterval is the first wait between
+	// them, doubling after each.
+	MaxPolls     int
+	PollInterval time.Duration
+	// MaxAttempts bounds recovery attempts; the next one after that goes
+	// to reconciliation instead. Backoff is the wait after the first
+	// attempt, doubling up to MaxBackoff.
+	MaxAttempts int
+	Backoff     time.Duration
+	MaxBackoff  time.Duration
+	// RetryUnknown says the remote call is idempotent (a repeat with the
+	// same key applies nothing new), so a call whose outcome is still
+	// unknown after polling may be sent again. When false such an
+	// operation goes to reconciliation: a blind retry could apply the
+	// effect twice.
+	RetryUnknown bool
+}
+
+// PollWait is the wait before poll n (1-based): PollInterval, doubling.
+func (b Budget) PollWait(n int) time.Duration {
+	return doubling(b.PollInterval, n-1, 0)
+}
+
+// MaxPollTime is the longest a recoverer spends polling one claim.
+func (b Budget) MaxPollTime() time.Duration {
+	var total time.Duration
+	for n := 1; n <= b.MaxPolls; n++ {
+		total += b.PollWait(n)
+	}
+	return total
+}
+
+// BackoffAfter is how long to wait before the next attempt once attempts
+// have been made: Backoff, doubling, at most MaxBackoff.
+func (b Budget) BackoffAfter(attempts int) time.Duration {
+	return doubling(b.Backoff, attempts-1, b.MaxBackoff)
+}
+
+func doubling(base time.Duration, times int, limit time.Duration) time.Duration {
+	d := base
+	for i := 0; i < times && (limit <= 0 || d < limit) && d < time.Hour; i++ {
+		d *= 2
+	}
+	if limit > 0 && d > limit {
+		d = limit
+	}
+	return d
+}
