@@ -19,6 +19,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
@@ -203,40 +204,17 @@ func (b *bundle) effects(t *testing.T, policyID int64) int {
 	return 0
 }
 
-// checkInvariants runs DESIGN.md's invariants that concern cancellations,
-// as SQL against the app's tables and the provider's ledger.
+// checkInvariants runs DESIGN.md's invariants (internal/invariants)
+// against the app's tables and the provider's ledger.
 func checkInvariants(t *testing.T, db *testdb.DB) {
 	t.Helper()
-	for name, sql := range invariantSQL {
-		var bad int
-		if err := db.Pool.QueryRow(context.Background(), sql).Scan(&bad); err != nil {
-			t.Fatalf("invariant %s: %v", name, err)
-		}
-		if bad != 0 {
-			t.Errorf("invariant %s violated by %d rows", name, bad)
-		}
+	r, err := invariants.Check(context.Background(), db.Pool, invariants.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-var invariantSQL = map[string]string{
-	// 1. at most one provider cancellation effect per policy
-	"1 one effect per policy": `
-		SELECT count(*) FROM (
-		    SELECT policy_id FROM fake_provider.effects GROUP BY policy_id HAVING count(*) > 1) x`,
-	// 2. at most one operation per (policy_id, operation_type)
-	"2 one operation per intent": `
-		SELECT count(*) FROM (
-		    SELECT 1 FROM policy_operations GROUP BY policy_id, operation_type HAVING count(*) > 1) x`,
-	// 4. a policy is CANCELLED exactly when its cancellation SUCCEEDED and
-	//    the provider says COMPLETED (an effect that has taken hold)
-	"4 cancelled iff succeeded and completed": `
-		SELECT count(*)
-		  FROM policies p
-		  LEFT JOIN policy_operations o ON o.policy_id = p.id AND o.operation_type = 'CANCEL'
-		 WHERE (p.status = 'CANCELLED') <> (
-		        coalesce(o.status = 'SUCCEEDED', false)
-		        AND EXISTS (SELECT 1 FROM fake_provider.effects e
-		                     WHERE e.idempotency_key = o.provider_key AND e.applied_at <= now()))`,
+	for _, v := range r.Violations {
+		t.Errorf("invariant %d: %s (ids %v)", v.Invariant, v.Detail, v.IDs)
+	}
 }
 
 // Every provider mode × every crash point of a cancellation ends, after

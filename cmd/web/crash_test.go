@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/testdb"
+)
+
+// The cancellation killed with SIGKILL at each of its crash points, then the
+// server restarted: what was durable at the crash is exactly what
+// docs/cancellation.md says (nothing half-written), the restarted server's
+// recovery loop finishes the work, and the client's retry with the same key
+// gets the outcome without a second provider effect.
+func TestCrashAtEachPointThenRestart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		at string
+		// durable at the crash
+		opStatus, keyStatus, policyStatus string
+		providerCalled                    bool
+		events                            int
+	}{
+		{"after_claim", "IN_PROGRESS", "IN_PROGRESS", "ACTIVE", false, 1},
+		{"after_provider_call", "IN_PROGRESS", "IN_PROGRESS", "ACTIVE", true, 1},
+		{"after_commit", "SUCCEEDED", "COMPLETED", "CANCELLED", true, 2},
+	} {
+		t.Run(tc.at, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			ctx := context.Background()
+			// The provider lives outside the app, as a real one would: it
+			// survives the app's crash.
+			prov := fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			provSrv := httptest.NewServer(prov.Handler())
+			t.Cleanup(func() { prov.Close(); provSrv.Close() })
+			env := map[string]string{
+				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provSrv.URL,
+				"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "5",
+				"PROVIDER_TIMEOUT": "10s", "OPERATION_LEASE": "1s", "IDEMPOTENCY_LEASE": "1s",
+				"RECOVERY_INTERVAL": "100ms",
+			}
+
+			// 1. Die at the crash point.
+			crashing := map[string]string{"CRASH_AT": tc.at}
+			for k, v := range env {
+				crashing[k] = v
+			}
+			victim := startChild(t, crashing)
+			var policyID int64
+			db.Pool.QueryRow(ctx, `SELECT p.id FROM policies p JOIN users u ON u.id = p.user_id WHERE u.name = 'alice' ORDER BY p.id LIMIT 1`).Scan(&policyID)
+			path := fmt.Sprintf("/api/v1/policies/%d/cancel", policyID)
+			if _, err := noRedirectClient(nil).Do(mustRequest(t, victim.URL+path, "demo-alice", "crash-key")); err == nil {
+				t.Fatal("the request was answered; the process should have died first")
+			}
+			state := victim.waitExit(t, 10*time.Second)
+			if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("the server ended with %v, not SIGKILL", state)
+			}
+
+			// 2. What is durable is exactly what the crash window table says.
+			var opStatus, keyStatus, policyStatus, providerKey string
+			var events, effects, providerRequests int
+			db.Pool.QueryRow(ctx, `SELECT status, provider_key FROM policy_operations WHERE policy_id = $1`, policyID).Scan(&opStatus, &providerKey)
+			db.Pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE idempotency_key = 'crash-key'`).Scan(&keyStatus)
+			db.Pool.QueryRow(ctx, `SELECT status FROM policies WHERE id = $1`, policyID).Scan(&policyStatus)
+			db.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_events`).Scan(&events)
+			db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_provider.effects WHERE policy_id = $1`, policyID).Scan(&effects)
+			db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_provider.requests WHERE idempotency_key = $1`, providerKey).Scan(&providerRequests)
+			if opStatus != tc.opStatus || keyStatus != tc.keyStatus || policyStatus != tc.policyStatus || events != tc.events {
+				t.Fatalf("at the crash: operation %s, key %s, policy %s, %d events; want %s, %s, %s, %d",
+					opStatus, keyStatus, policyStatus, events, tc.opStatus, tc.keyStatus, tc.policyStatus, tc.events)
+			}
+			if (providerRequests == 1) != tc.providerCalled || effects != providerRequests {
+				t.Fatalf("at the crash: provider saw %d requests, %d effects; called = %v expected", providerRequests, effects, tc.providerCalled)
+			}
+
+			// 3. Restart: the recovery loop finishes what the crash left.
+			restarted := startChild(t, env)
+			waitUntil(t, 30*time.Second, func() bool {
+				db.Pool.QueryRow(ctx, `SELECT status FROM policy_operations WHERE policy_id = $1`, policyID).Scan(&opStatus)
+				return opStatus == "SUCCEEDED"
+			})
+
+			// 4. The client retries with the same key (once the dead request's
+			// key lease has run out): it gets the outcome, and the provider
+			// applied the cancellation exactly once.
+			var retry response
+			waitUntil(t, 10*time.Second, func() bool {
+				retry = doWith(t, noRedirectClient(nil), restarted.URL, request{Method: "POST", Path: path, Token: "demo-alice",
+					Header: map[string]string{"Idempotency-Key": "crash-key"}})
+				return retry.Status != 409
+			})
+			if retry.Status != 200 || !bytes.Contains(retry.Body, []byte(`"status":"SUCCEEDED"`)) {
+				t.Fatalf("retry after restart: %d %s", retry.Status, retry.Body)
+			}
+			again := doWith(t, noRedirectClient(nil), restarted.URL, request{Method: "POST", Path: path, Token: "demo-alice",
+				Header: map[string]string{"Idempotency-Key": "crash-key"}})
+			if again.Status != 200 || !bytes.Equal(again.Body, retry.Body) || again.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("second retry: %d %s", again.Status, again.Body)
+			}
+			db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_provider.effects WHERE policy_id = $1`, policyID).Scan(&effects)
+			if effects != 1 {
+				t.Fatalf("provider effects %d after recovery and retries", effects)
+			}
+			if r, err := invariants.Check(ctx, db.Pool, invariants.Options{StaleAfter: time.Minute}); err != nil || !r.OK {
+				t.Fatalf("invariants: %+v (%v)", r.Violations, err)
+			}
+		})
+	}
+}
+
+func mustRequest(t *testing.T, url, token, key string) *http.Request {
+	t.Helper()
+	req, err := newRequest("POST", url, token, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
