@@ -15,11 +15,11 @@ import (
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/recovery"
-	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
