@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 )
 
@@ -81,19 +80,12 @@ func applyStartupFaults(ctx context.Context, cfg config, p *fake.Provider) error
 // serveProvider is `web provider`: the fake provider alone, for
 // docker-compose and for several app replicas sharing one provider.
 func serveProvider(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
-	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	pool, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	migrator, err := database.NewMigrator(pool, logger)
-	if err != nil {
-		return err
-	}
 	defer migrator.Close()
-	if err := migrator.Up(ctx); err != nil {
-		return err
-	}
 	ps, err := startProvider(ctx, cfg, pool, logger)
 	if err != nil {
 		return err

@@ -9,10 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/recovery"
@@ -114,14 +112,12 @@ func recoverOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "recover"
 	}
-	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	pool, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkMigrated(ctx, pool, logger); err != nil {
-		return err
-	}
+	defer migrator.Close()
 	client := provider.NewHTTPClient(cfg.ProviderURL, cfg.ProviderTimeout)
 	defer client.CloseIdleConnections()
 	loop := newRecoveryLoop(cfg, policies.NewCanceller(pool, client, cfg.OperationLease), logger, nil)
@@ -130,13 +126,3 @@ func recoverOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io
 	return nil
 }
 
-// checkMigrated applies pending migrations, as serve does, so a worker
-// started first finds its tables.
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	m, err := database.NewMigrator(pool, logger)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	return m.Up(ctx)
-}

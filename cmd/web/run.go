@@ -105,20 +105,12 @@ type application struct {
 // background loops, and on cancellation stops them in reverse order: stop
 // accepting and finish in-flight requests, stop loops, close the pool.
 func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
-	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	pool, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-
-	migrator, err := database.NewMigrator(pool, logger)
-	if err != nil {
-		return err
-	}
 	defer migrator.Close()
-	if err := migrator.Up(ctx); err != nil {
-		return err
-	}
 
 	accounts, err := demo.ParseTokens(cfg.DemoTokens)
 	if err != nil {
@@ -231,6 +223,27 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return err
 	}
 	return nil
+}
+
+// openMigrated opens the pool and applies pending migrations — what every
+// long-running command (serve, provider, recover) does first. Replicas
+// starting together take turns: goose holds a Postgres session lock.
+func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, *database.Migrator, error) {
+	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	migrator, err := database.NewMigrator(pool, logger)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	if err := migrator.Up(ctx); err != nil {
+		migrator.Close()
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, migrator, nil
 }
 
 // banner prints where the app listens and the demo tokens, for people and
