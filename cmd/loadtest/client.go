@@ -83,7 +83,9 @@ func (a answer) label() string {
 }
 
 // inFlight: the key's first request is still executing (409 request-in-progress).
-func (a answer) inFlight() bool { return a.status == http.StatusConflict && a.problem == "request-in-progress" }
+func (a answer) inFlight() bool {
+	return a.status == http.StatusConflict && a.problem == "request-in-progress"
+}
 
 // send makes one recorded request. A context ended by the caller (Ctrl-C)
 // is not an answer and is not recorded.
