@@ -7,7 +7,7 @@ export DATABASE_URL
 # The same build as the Dockerfile (deploy_test.go keeps that one honest).
 GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 
-.PHONY: help run build test generate lint
+.PHONY: help run build test generate lint bench
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
@@ -38,3 +38,7 @@ lint: ## gofmt, go vet, and a check that generated templ files are up to date
 	if [ -n "$$untracked" ]; then \
 		echo "lint: generated but not committed:"; echo "$$untracked"; exit 1; \
 	fi
+
+bench: ## pgbench floor vs the app over HTTP, replay, booking contention, recovery (docs/performance.md)
+	scripts/ensure-postgres.sh
+	scripts/bench/bench.sh

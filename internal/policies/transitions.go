@@ -34,7 +34,11 @@ SELECT id, 'CANCEL', user_id, $3, $4, 'IN_PROGRESS',
  WHERE id = $1
    AND user_id = $2 -- someone else's policy inserts nothing
    AND status = 'ACTIVE'
-    ON CONFLICT (policy_id, operation_type) DO NOTHING -- the intent exists already
+-- No conflict target: every unique index is an arbiter. The intent exists
+-- already when (policy_id, operation_type) conflicts — and so does its
+-- provider_key, which a racing insert of the same intent may hit first; as a
+-- non-arbiter that would be a 23505 error instead of 0 rows.
+    ON CONFLICT DO NOTHING
 RETURNING ` + opColumns
 
 const sqlRestartOperation = `

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# bench.sh — `make bench`: the app against the floor of its own database work,
+# on this machine, in one run. docs/performance.md explains the method.
+#
+#   (a) pgbench running the app's SQL for one cancellation (cancel.sql) and one
+#       booking attempt (book.sql) — the same commits, no HTTP, no Go;
+#   (b) the app over HTTP doing the same work (cmd/loadtest, workloads cancel
+#       and book), provider ok;
+#   (c) the replay of completed keys (cmd/loadtest, workload replay);
+#   (d) recovery: 10,000 stale operations, two app instances, time to drain.
+#
+# Env: DATABASE_URL (the server; a database idemlab_bench is created and
+# dropped), BENCH_SECONDS (10), CLIENTS (16), BOOK_CLIENTS (32), BOOK_SLOTS (8),
+# DB_MAX_CONNS (the app's pool, default 20), STALE_OPS (10000), RECOVERY_WAIT (60).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+server="${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable}"
+db="idemlab_bench"
+url="${server/\/postgres\?/\/$db?}"
+secs="${BENCH_SECONDS:-10}" clients="${CLIENTS:-16}" book_clients="${BOOK_CLIENTS:-32}" book_slots="${BOOK_SLOTS:-8}"
+stale="${STALE_OPS:-10000}" recovery_wait="${RECOVERY_WAIT:-60}"
+pgbench="$(command -v pgbench || echo /usr/lib/postgresql/15/bin/pgbench)"
+work="$(mktemp -d)"
+pids=()
+
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; done
+	psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+say() { printf '%s\n' "$*" >&2; }
+
+say "bench: building web and loadtest"
+(cd "$root" && go build -o "$work/web" ./cmd/web && go build -o "$work/loadtest" ./cmd/loadtest)
+psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
+DATABASE_URL="$url" "$work/web" migrate up >/dev/null 2>&1
+
+# start_app NAME PORT: one `web serve` on loopback, its own provider port.
+start_app() {
+	DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" ALLOW_RESET=true \
+		SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$1" LOG_LEVEL=error \
+		"$work/web" serve >"$work/$1.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 100); do curl -fs "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
+	say "bench: $1 did not start"; cat "$work/$1.log" >&2; exit 1
+}
+reset() { # reset USERS POLICIES_PER_USER SLOTS
+	curl -fsS -X POST "$app/api/v1/admin/reset" -H 'Authorization: Bearer demo-admin' -H 'Content-Type: application/json' \
+		-d "{\"users\": $1, \"policies_per_user\": $2, \"slots\": $3}" -o /dev/null
+}
+vacuum() { psql -q "$url" -c 'VACUUM ANALYZE' >/dev/null; psql -q "$url" -c 'CHECKPOINT' >/dev/null; }
+
+# pgbench_run NAME SCRIPT CLIENTS [extra args]: prints "tps p99_ms".
+pgbench_run() {
+	local name="$1" script="$2" c="$3"; shift 3
+	mkdir -p "$work/$name"
+	"$pgbench" -n -M prepared -c "$c" -j 2 -T "$secs" -f "$script" -l --log-prefix="$work/$name/log" "$@" "$url" \
+		>"$work/$name/out" 2>&1 || { cat "$work/$name/out" >&2; exit 1; }
+	local tps p99
+	tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' "$work/$name/out" | head -1)
+	# Column 3 of pgbench's per-transaction log is the latency in µs.
+	p99=$(cat "$work/$name"/log* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {i=int(NR*0.99); if (i<1) i=1; printf "%.1f", a[i]/1000}')
+	echo "$tps $p99"
+}
+
+# loadtest_run SCENARIO CLIENTS [flags]: prints "throughput p99_ms 5xx pass".
+loadtest_run() {
+	local s="$1" c="$2"; shift 2
+	"$work/loadtest" -url "$app" -scenario "$s" -concurrency "$c" -duration "${secs}s" -json "$@" \
+		>"$work/$s.json" 2>/dev/null || true
+	jq -r '"\(.throughput) \(.latency_ms.p99) \(.server_errors) \(.pass)"' "$work/$s.json"
+}
+
+app="http://127.0.0.1:18180"
+start_app app-1 18180
+psql -q "$url" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgbench_key_seq' >/dev/null
+
+say "bench: (a) pgbench, cancellation, $clients clients, ${secs}s"
+reset 1000 100 8 && vacuum
+read -r pg_cancel_tps pg_cancel_p99 < <(pgbench_run cancel "$root/scripts/bench/cancel.sql" "$clients")
+
+say "bench: (a) pgbench, booking, $book_clients clients on $book_slots slots, ${secs}s"
+reset 0 1 "$book_slots" && vacuum
+read -r pg_book_tps pg_book_p99 < <(pgbench_run book "$root/scripts/bench/book.sql" "$book_clients" -D slots="$book_slots")
+
+say "bench: (b) app, cancellation, $clients clients, ${secs}s"
+vacuum
+read -r app_cancel_tps app_cancel_p99 app_cancel_5xx app_cancel_pass < <(loadtest_run cancel "$clients" -users 1000 -policies-per-user 100)
+
+say "bench: (c) app, replay of completed keys, $clients clients, ${secs}s"
+read -r app_replay_tps app_replay_p99 app_replay_5xx app_replay_pass < <(loadtest_run replay "$clients" -users 200 -policies-per-user 10)
+
+say "bench: (b) app, booking, $book_clients clients on $book_slots slots, ${secs}s"
+read -r app_book_tps app_book_p99 app_book_5xx app_book_pass < <(loadtest_run book "$book_clients" -users 200 -policies-per-user 1 -slots "$book_slots")
+
+say "bench: (d) recovery, $stale stale operations, two instances"
+reset $((stale / 100)) 100 8
+psql -q "$url" >/dev/null <<SQL
+-- Operations whose owner died mid-call: IN_PROGRESS, lease run out a minute
+-- ago, the provider never reached (NOT_STARTED): recovery must call it.
+INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status,
+                               owner_token, owner_id, lease_expires_at, provider_key, steps)
+SELECT id, 'CANCEL', user_id, 'bench-stale-' || id, 'IN_PROGRESS',
+       gen_random_uuid(), 'bench: a process that died', now() - interval '1 minute',
+       format('policy-%s-cancel-1', id),
+       '{"record_intent": "DONE", "provider_cancel": "PENDING", "mark_cancelled": "PENDING"}'
+  FROM policies
+ ORDER BY id
+ LIMIT $stale;
+SQL
+start_app app-2 18190
+t0=$(date +%s.%N)
+live=$stale
+while :; do
+	live=$(curl -fsS "$app/api/v1/invariants?stale_after=0" -H 'Authorization: Bearer demo-admin' |
+		jq '(.counts.operations_by_status.IN_PROGRESS // 0) + (.counts.operations_by_status.RECOVERING // 0)')
+	elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
+	[[ "$live" -eq 0 ]] && break
+	(($(echo "$elapsed > $recovery_wait" | bc))) && break
+	sleep 0.2
+done
+recovery_ok=$(curl -fsS "$app/api/v1/invariants" -H 'Authorization: Bearer demo-admin' | jq .ok)
+
+ratio() { echo "scale=2; $1 / $2" | bc; }
+printf '\nidemlab bench — %s, %s vCPU, %s, fsync %s, %ss per run\n\n' "$(uname -m)" "$(nproc)" \
+	"$(psql -tA "$url" -c 'SHOW server_version')" "$(psql -tA "$url" -c 'SHOW fsync')" "$secs"
+printf '%-44s %12s %10s   %s\n' "workload" "per second" "p99 ms" "notes"
+printf '%-44s %12.0f %10s   %s\n' "pgbench: cancellation (4 commits), $clients clients" "$pg_cancel_tps" "$pg_cancel_p99" "the floor"
+printf "%-44s %12.0f %10.1f   %s\n" "app: cancellation, $clients clients" "$app_cancel_tps" "$app_cancel_p99" \
+	"app/pgbench $(ratio "$app_cancel_tps" "$pg_cancel_tps") (target ≥ 0.60, p99 < 50) · 5xx $app_cancel_5xx · pass $app_cancel_pass"
+printf "%-44s %12.0f %10.1f   %s\n" "app: replay of a completed key, $clients clients" "$app_replay_tps" "$app_replay_p99" \
+	"× cancellation $(ratio "$app_replay_tps" "$app_cancel_tps") (target ≥ 5) · pass $app_replay_pass"
+printf '%-44s %12.0f %10s   %s\n' "pgbench: booking attempt, $book_clients on $book_slots slots" "$pg_book_tps" "$pg_book_p99" "attempts (+ release when won)"
+printf "%-44s %12.0f %10.1f   %s\n" "app: booking, $book_clients clients on $book_slots slots" "$app_book_tps" "$app_book_p99" \
+	"requests (book + release) · 5xx $app_book_5xx (target 0, p99 < 50) · pass $app_book_pass"
+if [[ "$live" -eq 0 ]]; then
+	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "${elapsed}s" "" "target < 30 s · invariants ok: $recovery_ok"
+else
+	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "not done" "" \
+		"$live still live after ${recovery_wait}s: does web serve run the recovery loop?"
+fi

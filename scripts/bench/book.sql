@@ -1,0 +1,61 @@
+-- One booking attempt under contention as the app commits it, for pgbench
+-- (scripts/bench/bench.sh): claim the key; then the conditional UPDATE of
+-- internal/slots/booking.go, the booking row and the key's stored answer in
+-- one commit (a loser stores its 409 slot-taken the same way). A winner
+-- releases the slot at once, as loadtest's book workload does: a second key
+-- and a second commit. pgbench -D slots=8 picks among slots 1..8.
+
+\set sid random(1, :slots)
+\set uid random(1, 3)
+SELECT nextval('pgbench_key_seq') AS k \gset
+
+-- 1. Claim the key.
+INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
+                              lease_expires_at, created_at, expires_at)
+VALUES (:uid, 'pgbench-book-' || :k, sha256(('book ' || :k)::bytea), 'IN_PROGRESS', gen_random_uuid(),
+        now() + interval '30 seconds', now(), now() + interval '24 hours')
+    ON CONFLICT (user_id, idempotency_key) DO NOTHING
+RETURNING owner_token AS key_token \gset
+
+-- 2. Book (0 rows: taken) and store the answer.
+BEGIN;
+WITH claimed AS (
+        UPDATE slots
+           SET status = 'BOOKED',
+               booking_id = nextval(pg_get_serial_sequence('bookings', 'id'))
+         WHERE id = :sid
+           AND status = 'AVAILABLE' -- 0 rows: someone else holds it
+        RETURNING id, booking_id),
+     booked AS (
+        INSERT INTO bookings (id, slot_id, user_id)
+        SELECT booking_id, id, :uid FROM claimed
+        RETURNING id)
+SELECT coalesce(max(id), 0) AS bid FROM booked \gset
+UPDATE idempotency_keys
+   SET status = 'COMPLETED', response_status = CASE WHEN :bid > 0 THEN 201 ELSE 409 END,
+       response_headers = '{"Content-Type": ["application/json"]}',
+       response_body = convert_to(repeat('x', 200), 'UTF8'),
+       completed_at = now(), expires_at = now() + interval '24 hours'
+ WHERE user_id = :uid AND idempotency_key = 'pgbench-book-' || :k
+   AND owner_token = :key_token::uuid AND status = 'IN_PROGRESS';
+COMMIT;
+
+\if :bid > 0
+-- 3. The winner releases the slot: its own key, its own commit.
+INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
+                              lease_expires_at, created_at, expires_at)
+VALUES (:uid, 'pgbench-release-' || :k, sha256(('release ' || :k)::bytea), 'IN_PROGRESS', gen_random_uuid(),
+        now() + interval '30 seconds', now(), now() + interval '24 hours')
+RETURNING owner_token AS release_token \gset
+BEGIN;
+UPDATE bookings SET status = 'CANCELLED', cancelled_at = now() WHERE id = :bid AND status = 'CONFIRMED';
+UPDATE slots SET status = 'AVAILABLE', booking_id = NULL WHERE id = :sid AND booking_id = :bid;
+UPDATE idempotency_keys
+   SET status = 'COMPLETED', response_status = 200,
+       response_headers = '{"Content-Type": ["application/json"]}',
+       response_body = convert_to(repeat('x', 200), 'UTF8'),
+       completed_at = now(), expires_at = now() + interval '24 hours'
+ WHERE user_id = :uid AND idempotency_key = 'pgbench-release-' || :k
+   AND owner_token = :release_token::uuid AND status = 'IN_PROGRESS';
+COMMIT;
+\endif
