@@ -75,7 +75,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		CrashMode:  or(getenv("CRASH_MODE"), crashExit),
 	}
 	var err error
-	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 20); err != nil {
+	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 8); err != nil {
 		return c, err
 	}
 	if c.ShutdownGrace, err = durationEnv(getenv, "SHUTDOWN_GRACE", 10*time.Second); err != nil {
