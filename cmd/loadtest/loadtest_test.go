@@ -62,7 +62,6 @@ func TestAFailingRunReturnsErrFailed(t *testing.T) {
 	}
 }
 
-
 // startApp builds cmd/web and runs `web serve` on free loopback ports
 // against a fresh database, and returns its base URL. The process is
 // stopped when the test ends.

@@ -125,4 +125,3 @@ func recoverOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io
 	loop.Run(ctx)
 	return nil
 }
-
