@@ -4,16 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemlab/idemlab/internal/invariants"
-	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
@@ -39,13 +35,9 @@ func TestCrashAtEachPointThenRestart(t *testing.T) {
 			t.Parallel()
 			db := testdb.New(t)
 			ctx := context.Background()
-			// The provider lives outside the app, as a real one would: it
-			// survives the app's crash.
-			prov := fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			provSrv := httptest.NewServer(prov.Handler())
-			t.Cleanup(func() { prov.Close(); provSrv.Close() })
+			_, provURL := externalProvider(t, db) // it survives the app's crash
 			env := map[string]string{
-				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provSrv.URL,
+				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL,
 				"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "5",
 				"PROVIDER_TIMEOUT": "10s", "OPERATION_LEASE": "1s", "IDEMPOTENCY_LEASE": "1s",
 				"RECOVERY_INTERVAL": "100ms",

@@ -39,6 +39,17 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// externalProvider serves the fake provider from the test process, outside
+// the servers under test, as a real provider would be: it outlives their
+// crashes.
+func externalProvider(t *testing.T, db *testdb.DB) (*fake.Provider, string) {
+	t.Helper()
+	prov := fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv := httptest.NewServer(prov.Handler())
+	t.Cleanup(func() { prov.Close(); srv.Close() })
+	return prov, srv.URL
+}
+
 // childServer is `web serve` in its own process.
 type childServer struct {
 	URL    string
@@ -114,9 +125,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	ctx := context.Background()
 
 	// The provider runs in the test, outside both servers, as in compose.
-	prov := fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	provSrv := httptest.NewServer(prov.Handler())
-	t.Cleanup(func() { prov.Close(); provSrv.Close() })
+	prov, provURL := externalProvider(t, db)
 
 	const (
 		lease        = time.Second
@@ -126,7 +135,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 		slow         = 4 * time.Second
 	)
 	common := map[string]string{
-		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provSrv.URL,
+		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL,
 		"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "6",
 		"OPERATION_LEASE": lease.String(), "RECOVERY_INTERVAL": interval.String(),
 		"RECOVERY_POLL_INTERVAL": pollInterval.String(), "RECOVERY_MAX_POLLS": fmt.Sprint(maxPolls),
