@@ -516,7 +516,10 @@ func TestAWorkerWhoseLeaseLapsedMidPollIsFenced(t *testing.T) {
 	op := b.cancelCrashingAt(t, pid, "none") // RUNNING at the provider for 2s; handed over
 	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true})
 
-	a := b.loop(t, "app-1", recovery.Config{Lease: time.Second, MaxPolls: 10, PollInterval: 150 * time.Millisecond})
+	// A waits long between polls, so B takes over inside A's first wait
+	// however slow the machine is; B polls briskly until the provider
+	// completes. When A wakes up, the operation is no longer its own.
+	a := b.loop(t, "app-1", recovery.Config{Lease: time.Second, MaxPolls: 10, PollInterval: 3 * time.Second})
 	bb := b.loop(t, "app-2", recovery.Config{Lease: time.Second, MaxPolls: 10, PollInterval: 150 * time.Millisecond})
 	aDone := make(chan recovery.Counts, 1)
 	go func() {
