@@ -25,7 +25,7 @@ import (
 // timeout modes cost little. Calls expected to be answered use a patient
 // client instead, so a loaded machine (-race, parallel tests) cannot turn an
 // answer into a timeout.
-const callerTimeout = 150 * time.Millisecond
+const callerTimeout = 400 * time.Millisecond
 
 // bundle is one fake provider served over real HTTP, with the real client.
 type bundle struct {
@@ -115,6 +115,13 @@ func (b *bundle) cancelAndGiveUp(t *testing.T, key string, policyID int64) provi
 	}
 	if waited := time.Since(start); waited < callerTimeout {
 		t.Fatalf("cancel %s: the caller waited %v, less than its timeout", key, waited)
+	}
+	// The caller has given up; the provider finishes what it received on
+	// its own time. Wait for its handlers to return, so what the test reads
+	// next is the provider's settled truth, not a race with its commit.
+	deadline := time.Now().Add(5 * time.Second)
+	for b.inflight.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
 	}
 	return res
 }
@@ -241,7 +248,7 @@ func TestSlowCompletesByTimeAlone(t *testing.T) {
 func TestSlowOnTheRealClock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.setFault(t, fake.Fault{Mode: fake.ModeSlow, Idempotent: true, SlowMS: 300})
+	b.setFault(t, fake.Fault{Mode: fake.ModeSlow, Idempotent: true, SlowMS: 1000})
 	res := b.cancelAndGiveUp(t, "slow-2", 3)
 	wantOutcome(t, res, provider.Unknown, "")
 	b.wantTruth(t, "slow-2", provider.TruthRunning)
