@@ -38,23 +38,38 @@ func TestBrowserCancelAPolicy(t *testing.T) {
 	browsertest.Screenshot(ctx, t, "succeeded")
 
 	// lost_response: the provider applies the cancellation, the answer never
-	// comes back. The page shows the gap: local IN_PROGRESS, remote COMPLETED.
+	// comes back. The page opens on the gap — local IN_PROGRESS — and keeps
+	// refreshing itself until the recovery loop has asked the provider and
+	// finished the operation.
 	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeLostResponse })
 	pid2 := s.policyOf(t, "demo-alice", 1)
+	var first string
 	err = chromedp.Run(ctx,
 		chromedp.Navigate(s.URL+"/policies/"+itoa64(pid2)),
 		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="operation-panel"]`, chromedp.ByQuery),
-		chromedp.Text(`[data-testid="operation-status"]`, &status, chromedp.ByQuery),
+		chromedp.AttributeValue(`[data-testid="operation-panel"]`, "data-status", &first, nil, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browsertest.Screenshot(ctx, t, "lost-response")
+	if first != "IN_PROGRESS" && first != "RECOVERING" && first != "SUCCEEDED" {
+		t.Errorf("lost_response: the page opened on %q", first)
+	}
+	err = chromedp.Run(ctx,
+		chromedp.WaitVisible(`[data-testid="operation-panel"][data-status="SUCCEEDED"]`, chromedp.ByQuery),
 		chromedp.Text(`[data-testid="provider-truth"]`, &truth, chromedp.ByQuery),
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(truth, "COMPLETED") {
-		t.Errorf("lost_response: provider truth %q", truth)
+		t.Errorf("lost_response, recovered: provider truth %q", truth)
 	}
-	browsertest.Screenshot(ctx, t, "lost-response")
+	if n := s.effects(t, pid2); n != 1 {
+		t.Errorf("lost_response: %d provider effects", n)
+	}
 }
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }

@@ -110,7 +110,9 @@ func TestCancelAnswersForEachProviderMode(t *testing.T) {
 			if tc.status == 202 && tc.mode != fake.ModeError {
 				timeout = "500ms"
 			}
-			s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": timeout})
+			// Recovery stays out of the way (one pass at start, then an hour),
+			// so what is read below is the request's own outcome.
+			s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": timeout, "RECOVERY_INTERVAL": "1h"})
 			s.setFaults(t, func(f *fake.Fault) { f.Mode = tc.mode; f.SlowMS = 60000 })
 			pid := s.policyOf(t, "demo-alice", 0)
 			r := s.do(cancelReq(pid, "demo-alice", "key-"+string(tc.mode), `{"reason":"moving abroad"}`))
@@ -137,6 +139,9 @@ func TestCancelAnswersForEachProviderMode(t *testing.T) {
 					t.Errorf("202 Location %q", r.Header.Get("Location"))
 				}
 			}
+			// The provider finishes what it received on its own time (lost_response
+			// commits its effect while it holds the caller): wait for its ledger.
+			waitUntil(t, 5*time.Second, func() bool { return s.effects(t, pid) == tc.effects })
 			var op operationJSON
 			got := s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/operations/%d", opID), Token: "demo-alice"})
 			got.JSON(t, &op)
