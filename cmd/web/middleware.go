@@ -165,7 +165,6 @@ func secureHeaders() echo.MiddlewareFunc {
 // stack trace.
 func recoverPanics() echo.MiddlewareFunc {
 	return middleware.RecoverWithConfig(middleware.RecoverConfig{
-		DisablePrintStack: true,
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
 			logFrom(c.Request().Context()).Error("panic", "err", err, "stack", string(stack))
 			return err

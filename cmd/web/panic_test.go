@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/internal/testdb"
+)
+
+// A handler that panics is answered 500 with a problem that says nothing
+// of the panic, and the panic (with its stack) goes to the log under the
+// request id.
+func TestPanicsAreRecoveredAndLoggedNotShown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	var logs syncBuffer
+	cfg, err := loadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &application{cfg: cfg, logger: slog.New(slog.NewTextHandler(&logs, nil)), pool: db.Pool, metrics: newMetrics(db.Pool)}
+	e := app.routes()
+	e.GET("/api/v1/boom", func(echo.Context) error { panic("secret internals: the vault combination is 1234") })
+
+	rec := httptest.NewRecorder()
+	e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/v1/boom", nil))
+	body, _ := io.ReadAll(rec.Body)
+	if rec.Code != http.StatusInternalServerError || rec.Header().Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("panic answered %d %s: %s", rec.Code, rec.Header().Get("Content-Type"), body)
+	}
+	if bytes.Contains(body, []byte("vault")) || bytes.Contains(body, []byte("goroutine")) {
+		t.Fatalf("the answer leaks the panic: %s", body)
+	}
+	id := rec.Header().Get(echo.HeaderXRequestID)
+	if l := logs.String(); !strings.Contains(l, "vault combination") || !strings.Contains(l, "request_id="+id) || !strings.Contains(l, "panic_test.go") {
+		t.Fatalf("the log lacks the panic, its stack or the request id %q:\n%s", id, l)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
