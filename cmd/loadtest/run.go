@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/invariants"
 )
 
 // runState is what one run shares between its clients.
@@ -70,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res.verdict, err = invariants(ctx, c, "")
+	res.verdict, err = fetchInvariants(ctx, c, "")
 	if err != nil {
 		return err
 	}
@@ -126,31 +128,16 @@ func (r *runState) drive(ctx context.Context, sc *scenario, stderr io.Writer) dr
 	return driveResult{elapsed: elapsed, exhausted: exhausted.Load()}
 }
 
-// verdict is the answer of GET /api/v1/invariants, kept whole for -json.
-type verdict struct {
-	OK         bool `json:"ok"`
-	Violations []struct {
-		Invariant int     `json:"invariant"`
-		Detail    string  `json:"detail"`
-		IDs       []int64 `json:"ids"`
-	} `json:"violations"`
-	Counts struct {
-		OperationsByStatus map[string]int64 `json:"operations_by_status"`
-		Bookings           int64            `json:"bookings"`
-		ConfirmedBookings  int64            `json:"confirmed_bookings"`
-		Effects            int64            `json:"effects"`
-		StaleOperations    int64            `json:"stale_operations"`
-		KeysInProgress     int64            `json:"keys_in_progress"`
-		KeysCompleted      int64            `json:"keys_completed"`
-	} `json:"counts"`
-}
+// verdict is the answer of GET /api/v1/invariants, kept whole for -json:
+// the app's own report type, so the tool and the endpoint cannot drift.
+type verdict = invariants.Report
 
 // live counts operations someone is still working on.
-func (v verdict) live() int64 {
+func live(v verdict) int64 {
 	return v.Counts.OperationsByStatus["IN_PROGRESS"] + v.Counts.OperationsByStatus["RECOVERING"]
 }
 
-func invariants(ctx context.Context, c *client, query string) (verdict, error) {
+func fetchInvariants(ctx context.Context, c *client, query string) (verdict, error) {
 	var v verdict
 	err := c.admin(ctx, "GET", "/api/v1/invariants"+query, nil, &v)
 	return v, err
@@ -168,11 +155,11 @@ type settleResult struct {
 func waitSettled(ctx context.Context, c *client, max time.Duration) (settleResult, error) {
 	start := time.Now()
 	for {
-		v, err := invariants(ctx, c, "?stale_after=0")
+		v, err := fetchInvariants(ctx, c, "?stale_after=0")
 		if err != nil {
 			return settleResult{}, err
 		}
-		res := settleResult{waited: time.Since(start), live: v.live()}
+		res := settleResult{waited: time.Since(start), live: live(v)}
 		if res.live == 0 || res.waited >= max {
 			return res, nil
 		}

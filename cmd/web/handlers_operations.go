@@ -67,11 +67,7 @@ func (app *application) handleGetOperation(c echo.Context) error {
 // handleOperationPage: GET /operations/:id — local state, provider truth and
 // timeline, refreshing itself until the operation is terminal.
 func (app *application) handleOperationPage(c echo.Context) error {
-	v, err := app.loadOperation(c.Request().Context(), c)
-	if err != nil {
-		return err
-	}
-	vm, err := app.operationDetail(c.Request().Context(), v)
+	vm, err := app.operationPanel(c)
 	if err != nil {
 		return err
 	}
@@ -83,15 +79,20 @@ func (app *application) handleOperationPage(c echo.Context) error {
 
 // handleOperationPanel: GET /operations/:id/panel — the htmx partial.
 func (app *application) handleOperationPanel(c echo.Context) error {
-	v, err := app.loadOperation(c.Request().Context(), c)
-	if err != nil {
-		return err
-	}
-	vm, err := app.operationDetail(c.Request().Context(), v)
+	vm, err := app.operationPanel(c)
 	if err != nil {
 		return err
 	}
 	return render(c, http.StatusOK, views.OperationPanel(vm))
+}
+
+// operationPanel is the view model both the page and its htmx partial show.
+func (app *application) operationPanel(c echo.Context) (views.OperationDetail, error) {
+	v, err := app.loadOperation(c.Request().Context(), c)
+	if err != nil {
+		return views.OperationDetail{}, err
+	}
+	return app.operationDetail(c.Request().Context(), v)
 }
 
 func (app *application) operationDetail(ctx context.Context, v operationView) (views.OperationDetail, error) {
