@@ -1,0 +1,25 @@
+package pgcluster
+
+import "testing"
+
+// ForTest starts a cluster for one test and closes it when the test ends.
+// It never skips: without the server binaries (or, as root, without an
+// unprivileged user to run them) the test fails and says what to install,
+// because a suite that skips its crash tests proves nothing.
+func ForTest(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	c, err := Start(opts)
+	if err != nil {
+		t.Fatalf("pgcluster: %v", err)
+		return nil // a testing.TB whose Fatalf returns (a test of ForTest)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgcluster: server log (%s) ends:\n%s", c.LogPath(), c.logTail(3000))
+		}
+		if err := c.Close(); err != nil {
+			t.Logf("pgcluster: close: %v", err)
+		}
+	})
+	return c
+}
