@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 )
@@ -335,7 +336,7 @@ func TestAbandonAtACrashPointLeavesWorkInProgress(t *testing.T) {
 		t.Fatalf("the provider was called before the crash point: effects %d", n)
 	}
 	// once: disarmed after firing; the server is still up.
-	var cs crashSetting
+	var cs crash.Setting
 	s.do(request{Method: "GET", Path: "/api/v1/admin/crash", Token: "demo-admin"}).JSON(t, &cs)
 	if cs.At != "" {
 		t.Fatalf("still armed: %+v", cs)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/slots"
 )
 
@@ -72,7 +73,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 
 		AllowReset: getenv("ALLOW_RESET") == "true",
 		CrashAt:    getenv("CRASH_AT"),
-		CrashMode:  or(getenv("CRASH_MODE"), crashExit),
+		CrashMode:  or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
 	var err error
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 8); err != nil {
@@ -94,9 +95,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.Recovery, err = loadRecoveryConfig(getenv); err != nil {
-		return c, err
-	}
-	if err := validateCrash(c.CrashAt, c.CrashMode); err != nil {
 		return c, err
 	}
 	if c.BookingStrategy, err = slots.ParseStrategy(getenv("BOOKING_STRATEGY")); err != nil {

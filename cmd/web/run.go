@@ -15,16 +15,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
-	"github.com/idemlab/idemlab/internal/recovery"
-	"github.com/idemlab/idemlab/internal/slots"
-	"github.com/idemlab/idemlab/internal/users"
+	"github.com/idemlab/idemlab/internal/web"
 )
 
 // run is the whole program. It returns when ctx is cancelled (SIGINT or
@@ -67,38 +67,6 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 		l = l.With("instance", cfg.InstanceID)
 	}
 	return l
-}
-
-// application holds every dependency a handler needs. Handlers are its
-// methods (handlers_*.go); routes.go says which URL calls which.
-type application struct {
-	cfg      config
-	logger   *slog.Logger
-	accounts []demo.Account // the demo accounts, with the tokens in force
-	secret   []byte         // signs sessions; derives generated users' tokens
-	pool     *pgxpool.Pool
-	migrator *database.Migrator
-	sessions *sessionCodec
-	metrics  *metrics
-
-	users    *users.Store
-	policies *policies.Store
-	slots    *slots.Store
-	lab      *slots.Lab // the race lab
-
-	// provider is the client the workflows call; providerControl sets the
-	// fake provider's faults and reads its ledger, wherever it runs.
-	provider        *provider.HTTPClient
-	providerControl *fake.Control
-
-	// handler is the whole HTTP stack; the double-click lab sends its
-	// requests through it.
-	handler http.Handler
-
-	idempotency *idempotency.Store
-	canceller   *policies.Canceller
-	crash       *crashSwitch
-	recovery    *recovery.Loop
 }
 
 // serve opens the database, migrates, seeds, starts the HTTP server and the
@@ -152,38 +120,46 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	providerControl := fake.NewControl(providerURL)
 	defer providerControl.CloseIdleConnections()
 
-	app := &application{
-		cfg:      cfg,
-		logger:   logger,
-		accounts: accounts,
-		secret:   secret,
-		pool:     pool,
-		migrator: migrator,
-		sessions: newSessionCodec(secret),
-		metrics:  newMetrics(pool),
-		users:    users.NewStore(pool),
-		policies: policies.NewStore(pool),
-		slots:    slots.NewStore(pool),
-		lab:      slots.NewLab(pool),
-
-		provider:        providerClient,
-		providerControl: providerControl,
-
-		idempotency: idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL),
-		canceller:   policies.NewCanceller(pool, providerClient, cfg.OperationLease),
-		crash:       &crashSwitch{at: policies.CrashPoint(cfg.CrashAt), mode: cfg.CrashMode},
+	// Crash points: the process dies there on purpose (CRASH_AT at start,
+	// PUT /api/v1/admin/crash at run time).
+	crashes := crash.New(policies.CrashPoints, logger)
+	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
+		return fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
 	}
-	app.canceller.Crash = app.crash.hook(logger)
-	app.recovery = newRecoveryLoop(cfg, app.canceller, logger, app.metrics.reg)
-	e := app.routes()
-	app.handler = e
+	registry := prometheus.NewRegistry()
+	idem := idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL)
+	canceller := policies.NewCanceller(pool, providerClient, cfg.OperationLease)
+	canceller.Crash = crashes.At
+	recoveryLoop := newRecoveryLoop(cfg, canceller, logger, registry)
+
+	app := web.New(web.Config{
+		InstanceID:      cfg.InstanceID,
+		BodyLimit:       cfg.BodyLimit,
+		BookingStrategy: cfg.BookingStrategy,
+		AllowReset:      cfg.AllowReset,
+		OperationLease:  cfg.OperationLease,
+		ProviderTimeout: cfg.ProviderTimeout,
+	}, web.Deps{
+		Logger:          logger,
+		Accounts:        accounts,
+		Secret:          secret,
+		Pool:            pool,
+		Migrator:        migrator,
+		Registry:        registry,
+		Idempotency:     idem,
+		Canceller:       canceller,
+		Recovery:        recoveryLoop,
+		Crash:           crashes,
+		Provider:        providerClient,
+		ProviderControl: providerControl,
+	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	srv := &http.Server{
-		Handler:           e,
+		Handler:           app.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
@@ -199,10 +175,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		go func() { defer loops.Done(); run(loopCtx) }()
 	}
 	// Completed keys are replayed for IDEMPOTENCY_TTL, then purged.
-	startLoop(idempotency.NewJanitor(app.idempotency, idempotency.JanitorConfig{Logger: logger}).Run)
+	startLoop(idempotency.NewJanitor(idem, idempotency.JanitorConfig{Logger: logger}).Run)
 	// Operations a timeout or a crash left IN_PROGRESS are finished here,
 	// by whichever instance claims them first.
-	startLoop(app.recovery.Run)
+	startLoop(recoveryLoop.Run)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -9,13 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/provider"
 )
 
 // CrashPoint names a moment in the cancellation where a process can die, for
 // the crash labs and tests. What is durable at each point, and who finishes
 // the work, is the table in docs/cancellation.md.
-type CrashPoint string
+type CrashPoint = crash.Point
 
 const (
 	// CrashAfterClaim: the operation is recorded IN_PROGRESS under a lease;

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"context"
@@ -29,7 +29,7 @@ type providerTruth struct {
 
 // loadOperation reads what the operation pages and GET /api/v1/operations/{id}
 // show. Asking the provider is bounded, and its failure is shown, not fatal.
-func (app *application) loadOperation(ctx context.Context, c echo.Context) (operationView, error) {
+func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationView, error) {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -56,7 +56,7 @@ func (app *application) loadOperation(ctx context.Context, c echo.Context) (oper
 }
 
 // handleGetOperation: GET /api/v1/operations/:id
-func (app *application) handleGetOperation(c echo.Context) error {
+func (app *App) handleGetOperation(c echo.Context) error {
 	v, err := app.loadOperation(c.Request().Context(), c)
 	if err != nil {
 		return err
@@ -66,7 +66,7 @@ func (app *application) handleGetOperation(c echo.Context) error {
 
 // handleOperationPage: GET /operations/:id — local state, provider truth and
 // timeline, refreshing itself until the operation is terminal.
-func (app *application) handleOperationPage(c echo.Context) error {
+func (app *App) handleOperationPage(c echo.Context) error {
 	vm, err := app.operationPanel(c)
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func (app *application) handleOperationPage(c echo.Context) error {
 }
 
 // handleOperationPanel: GET /operations/:id/panel — the htmx partial.
-func (app *application) handleOperationPanel(c echo.Context) error {
+func (app *App) handleOperationPanel(c echo.Context) error {
 	vm, err := app.operationPanel(c)
 	if err != nil {
 		return err
@@ -87,7 +87,7 @@ func (app *application) handleOperationPanel(c echo.Context) error {
 }
 
 // operationPanel is the view model both the page and its htmx partial show.
-func (app *application) operationPanel(c echo.Context) (views.OperationDetail, error) {
+func (app *App) operationPanel(c echo.Context) (views.OperationDetail, error) {
 	v, err := app.loadOperation(c.Request().Context(), c)
 	if err != nil {
 		return views.OperationDetail{}, err
@@ -95,7 +95,7 @@ func (app *application) operationPanel(c echo.Context) (views.OperationDetail, e
 	return app.operationDetail(c.Request().Context(), v)
 }
 
-func (app *application) operationDetail(ctx context.Context, v operationView) (views.OperationDetail, error) {
+func (app *App) operationDetail(ctx context.Context, v operationView) (views.OperationDetail, error) {
 	pol, err := app.policies.Get(ctx, v.UserID, v.PolicyID)
 	if err != nil {
 		return views.OperationDetail{}, err

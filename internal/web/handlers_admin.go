@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"errors"
@@ -7,36 +7,37 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/problem"
 )
 
 // handleGetCrash: GET /api/v1/admin/crash — the crash point in force.
-func (app *application) handleGetCrash(c echo.Context) error {
-	return c.JSON(http.StatusOK, app.crash.get())
+func (app *App) handleGetCrash(c echo.Context) error {
+	return c.JSON(http.StatusOK, app.crash.Setting())
 }
 
 // handlePutCrash: PUT /api/v1/admin/crash {"at": "after_provider_call",
 // "mode": "abandon", "once": true} — arm a crash point on this instance
 // ({"at": ""} disarms it). Setting a value is idempotent by nature, so the
 // route takes no Idempotency-Key.
-func (app *application) handlePutCrash(c echo.Context) error {
-	var s crashSetting
+func (app *App) handlePutCrash(c echo.Context) error {
+	var s crash.Setting
 	if err := decodeOptionalJSON(c, &s); err != nil {
 		return err
 	}
-	if err := app.crash.set(s); err != nil {
+	if err := app.crash.Arm(s); err != nil {
 		return problem.New(http.StatusBadRequest, "invalid-crash-point", "Invalid crash point", err.Error())
 	}
-	return c.JSON(http.StatusOK, app.crash.get())
+	return c.JSON(http.StatusOK, app.crash.Setting())
 }
 
 // handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
 // "slots": S} — wipe and reseed a repeatable data set, and reset the
 // provider. Refused (403 reset-disabled) unless ALLOW_RESET=true. The same
 // reset twice leaves the same state, so it takes no Idempotency-Key.
-func (app *application) handleReset(c echo.Context) error {
+func (app *App) handleReset(c echo.Context) error {
 	if !app.cfg.AllowReset {
 		return problem.New(http.StatusForbidden, "reset-disabled", "Reset is disabled",
 			"start the app with ALLOW_RESET=true to allow resetting its data")
@@ -77,7 +78,7 @@ func (app *application) handleReset(c echo.Context) error {
 // during a load test. stale_after is invariant 6's bound: how long past its
 // lease a live operation may be before it counts as stuck (default: twice
 // OPERATION_LEASE plus a minute; "0" reports stale operations only in counts).
-func (app *application) handleInvariants(c echo.Context) error {
+func (app *App) handleInvariants(c echo.Context) error {
 	staleAfter := 2*app.cfg.OperationLease + time.Minute
 	if v := c.QueryParam("stale_after"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"errors"
@@ -15,12 +15,12 @@ import (
 )
 
 // handleLabsPage: GET /labs — the list of labs.
-func (app *application) handleLabsPage(c echo.Context) error {
+func (app *App) handleLabsPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.LabsPage(app.page(c, "Labs", "labs")))
 }
 
 // handleRaceLabPage: GET /labs/race — the race lab's form.
-func (app *application) handleRaceLabPage(c echo.Context) error {
+func (app *App) handleRaceLabPage(c echo.Context) error {
 	lab, err := app.raceLab(c, views.RaceForm{Slot: "fresh", Racers: 16, Strategy: string(app.cfg.BookingStrategy), ThinkMS: 50})
 	if err != nil {
 		return err
@@ -32,7 +32,7 @@ func (app *application) handleRaceLabPage(c echo.Context) error {
 // slots.Lab.Race) and shows the result: the result panel for htmx, the
 // whole page otherwise. Not under the idempotency protocol: every run is a
 // new experiment, and running one twice harms nothing.
-func (app *application) handleRunRace(c echo.Context) error {
+func (app *App) handleRunRace(c echo.Context) error {
 	form := views.RaceForm{Slot: c.FormValue("slot"), Strategy: c.FormValue("strategy")}
 	req, problem := parseRace(c, &form)
 	var outcome *views.RaceOutcome
@@ -89,7 +89,7 @@ func parseRace(c echo.Context, form *views.RaceForm) (slots.RaceRequest, string)
 }
 
 // raceLab fills the lab's view model around form.
-func (app *application) raceLab(c echo.Context, form views.RaceForm) (views.RaceLab, error) {
+func (app *App) raceLab(c echo.Context, form views.RaceForm) (views.RaceLab, error) {
 	lab := views.RaceLab{Form: form, CSRF: csrfToken(c)}
 	for _, s := range slots.Strategies {
 		lab.Strategies = append(lab.Strategies, views.StrategyChoice{Value: string(s), Help: strategyHelp[s]})

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"context"
@@ -30,7 +30,7 @@ func logFrom(ctx context.Context) *slog.Logger {
 
 // logRequests gives every request a logger carrying its request id (set by
 // middleware.RequestID before it) and logs one line when the request ends.
-func (app *application) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
+func (app *App) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
 		id := c.Response().Header().Get(echo.HeaderXRequestID)
@@ -64,7 +64,7 @@ func userFrom(c echo.Context) (users.User, bool) {
 
 // authenticateBearer admits API requests with a valid bearer token. The API
 // uses no cookies, so it needs no CSRF token and load-test tools just work.
-func (app *application) authenticateBearer(next echo.HandlerFunc) echo.HandlerFunc {
+func (app *App) authenticateBearer(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		scheme, token, _ := strings.Cut(c.Request().Header.Get(echo.HeaderAuthorization), " ")
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
@@ -89,7 +89,7 @@ func unauthenticated(c echo.Context, detail string) error {
 
 // loadSession reads the signed session cookie of a browser request. It
 // never refuses: pages decide with requireSignIn whether they need a user.
-func (app *application) loadSession(next echo.HandlerFunc) echo.HandlerFunc {
+func (app *App) loadSession(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ck, err := c.Cookie(sessionCookie)
 		if err == nil {

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 )
 
 // handleListSlots: GET /api/v1/slots?status=&limit=&cursor=
-func (app *application) handleListSlots(c echo.Context) error {
+func (app *App) handleListSlots(c echo.Context) error {
 	lp, err := parseListParams(c)
 	if err != nil {
 		return err
@@ -35,7 +35,7 @@ func (app *application) handleListSlots(c echo.Context) error {
 // handleSlotsPage: GET /slots — the grid, with a Book button on every free
 // slot and a Release button on each of yours; ?notice= says what the last
 // form did.
-func (app *application) handleSlotsPage(c echo.Context) error {
+func (app *App) handleSlotsPage(c echo.Context) error {
 	u, _ := userFrom(c)
 	ctx := c.Request().Context()
 	var all []slots.Slot
@@ -132,7 +132,7 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []view
 // handleBookSlot: POST /api/v1/slots/:id/book (Idempotency-Key).
 // 201 booking + Location · 409 slot-taken · 404 unknown slot. The body is
 // optional and has no fields: the strategy is the server's (BOOKING_STRATEGY).
-func (app *application) handleBookSlot(c echo.Context) error {
+func (app *App) handleBookSlot(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -169,7 +169,7 @@ func (app *application) handleBookSlot(c echo.Context) error {
 // handleCancelBooking: POST /api/v1/bookings/:id/cancel (Idempotency-Key).
 // 200 booking (CANCELLED) · 409 booking-not-confirmed · 404 unknown or
 // someone else's (an admin may release any).
-func (app *application) handleCancelBooking(c echo.Context) error {
+func (app *App) handleCancelBooking(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -199,7 +199,7 @@ func (app *application) handleCancelBooking(c echo.Context) error {
 }
 
 // handleListBookings: GET /api/v1/bookings?status=&limit=&cursor=
-func (app *application) handleListBookings(c echo.Context) error {
+func (app *App) handleListBookings(c echo.Context) error {
 	u, _ := userFrom(c)
 	lp, err := parseListParams(c)
 	if err != nil {
@@ -219,7 +219,7 @@ func (app *application) handleListBookings(c echo.Context) error {
 }
 
 // handleGetBooking: GET /api/v1/bookings/:id — 404 for someone else's.
-func (app *application) handleGetBooking(c echo.Context) error {
+func (app *App) handleGetBooking(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -239,7 +239,7 @@ func bookingURL(id int64) string { return fmt.Sprintf("/api/v1/bookings/%d", id)
 // (POST/redirect/GET), stored with the key: a double-click or a reload of
 // the POST lands on the same notice. Losing the slot to someone else is a
 // notice too, never an error page.
-func (app *application) handleBookSlotForm(c echo.Context) error {
+func (app *App) handleBookSlotForm(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -266,7 +266,7 @@ func (app *application) handleBookSlotForm(c echo.Context) error {
 
 // handleCancelBookingForm: POST /bookings/:id/cancel (form, hidden
 // idempotency_key). Like booking: a redirect to the grid with a notice.
-func (app *application) handleCancelBookingForm(c echo.Context) error {
+func (app *App) handleCancelBookingForm(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {

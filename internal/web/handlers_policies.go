@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 )
 
 // handleListPolicies: GET /api/v1/policies?status=&limit=&cursor=
-func (app *application) handleListPolicies(c echo.Context) error {
+func (app *App) handleListPolicies(c echo.Context) error {
 	u, _ := userFrom(c)
 	lp, err := parseListParams(c)
 	if err != nil {
@@ -42,7 +42,7 @@ func (app *application) handleListPolicies(c echo.Context) error {
 }
 
 // handleGetPolicy: GET /api/v1/policies/:id — 404 for another customer's.
-func (app *application) handleGetPolicy(c echo.Context) error {
+func (app *App) handleGetPolicy(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -55,7 +55,7 @@ func (app *application) handleGetPolicy(c echo.Context) error {
 	return c.JSON(http.StatusOK, p)
 }
 
-func (app *application) handlePoliciesPage(c echo.Context) error {
+func (app *App) handlePoliciesPage(c echo.Context) error {
 	u, _ := userFrom(c)
 	list, err := app.policies.List(c.Request().Context(), policies.ListFilter{UserID: u.ID, Limit: maxLimit})
 	if err != nil {
@@ -78,7 +78,7 @@ const maxReasonLength = 500
 // handleCancelPolicy: POST /api/v1/policies/:id/cancel (Idempotency-Key).
 // 200 SUCCEEDED · 202 IN_PROGRESS + Location (outcome unknown; recovery
 // finishes it) · 422 provider-rejected · 409 duplicate-intent · 404.
-func (app *application) handleCancelPolicy(c echo.Context) error {
+func (app *App) handleCancelPolicy(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -176,7 +176,7 @@ func validateReason(reason string) error {
 }
 
 // handlePolicyPage: GET /policies/:id — the policy and its cancel form.
-func (app *application) handlePolicyPage(c echo.Context) error {
+func (app *App) handlePolicyPage(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -203,7 +203,7 @@ func (app *application) handlePolicyPage(c echo.Context) error {
 // idempotency_key). Whatever the outcome, the answer is a redirect to the
 // operation page (POST/redirect/GET), stored with the outcome, so a
 // double-click or a reload of the POST lands on the same page.
-func (app *application) handleCancelPolicyForm(c echo.Context) error {
+func (app *App) handleCancelPolicyForm(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"context"
@@ -8,14 +8,14 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-func (app *application) handleHealthz(c echo.Context) error {
+func (app *App) handleHealthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok", "instance": app.cfg.InstanceID})
 }
 
 // handleReadyz answers 200 only when the database answers and the schema is
 // at the version this binary carries; a load balancer sends no traffic until
 // then.
-func (app *application) handleReadyz(c echo.Context) error {
+func (app *App) handleReadyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
 	if err := app.pool.Ping(ctx); err != nil {

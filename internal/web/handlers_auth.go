@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"errors"
@@ -13,11 +13,11 @@ import (
 	"github.com/idemlab/idemlab/views"
 )
 
-func (app *application) handleHome(c echo.Context) error {
+func (app *App) handleHome(c echo.Context) error {
 	return render(c, http.StatusOK, views.HomePage(app.page(c, "Home", "")))
 }
 
-func (app *application) handleSignInPage(c echo.Context) error {
+func (app *App) handleSignInPage(c echo.Context) error {
 	list, err := app.users.List(c.Request().Context())
 	if err != nil {
 		return err
@@ -34,7 +34,7 @@ func (app *application) handleSignInPage(c echo.Context) error {
 
 // handleSignIn signs the browser in as a demo user: a signed, HttpOnly,
 // SameSite cookie, then POST/redirect/GET to the policies.
-func (app *application) handleSignIn(c echo.Context) error {
+func (app *App) handleSignIn(c echo.Context) error {
 	u, err := app.users.ByName(c.Request().Context(), c.FormValue("name"))
 	if errors.Is(err, users.ErrNotFound) {
 		return render(c, http.StatusUnprocessableEntity,
@@ -60,7 +60,7 @@ func (app *application) handleSignIn(c echo.Context) error {
 	return c.Redirect(http.StatusSeeOther, dest)
 }
 
-func (app *application) handleSignOut(c echo.Context) error {
+func (app *App) handleSignOut(c echo.Context) error {
 	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteLaxMode})
 	return c.Redirect(http.StatusSeeOther, "/")
 }

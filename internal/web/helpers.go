@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ func render(c echo.Context, status int, cmp templ.Component) error {
 }
 
 // page fills the layout's view model for this request.
-func (app *application) page(c echo.Context, title, nav string) views.Page {
+func (app *App) page(c echo.Context, title, nav string) views.Page {
 	p := views.Page{Title: title, Nav: nav, CSRF: csrfToken(c)}
 	if u, ok := userFrom(c); ok {
 		p.User = &views.User{Name: u.Name, IsAdmin: u.IsAdmin()}

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // simulated), with the same key or with two keys, and reports what each
 // layer did: the request key (Idempotency-Key) and the business constraint
 // UNIQUE(policy_id, operation_type).
-func (app *application) handleDoubleClickLab(c echo.Context) error {
+func (app *App) handleDoubleClickLab(c echo.Context) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -61,7 +61,7 @@ func (app *application) handleDoubleClickLab(c echo.Context) error {
 }
 
 // click submits the cancel form once, in-process, as the current browser.
-func (app *application) click(c echo.Context, policyID int64, key string) views.LabClick {
+func (app *App) click(c echo.Context, policyID int64, key string) views.LabClick {
 	form := url.Values{"_csrf": {csrfToken(c)}, "idempotency_key": {key}, "reason": {"double-click lab"}}
 	req := httptest.NewRequestWithContext(context.WithoutCancel(c.Request().Context()),
 		http.MethodPost, fmt.Sprintf("/policies/%d/cancel", policyID), strings.NewReader(form.Encode()))
@@ -86,7 +86,7 @@ func (app *application) click(c echo.Context, policyID int64, key string) views.
 }
 
 // describeLayers reads what the two clicks left in the database.
-func (app *application) describeLayers(ctx context.Context, userID, policyID int64, keys []string, res *views.LabResult) error {
+func (app *App) describeLayers(ctx context.Context, userID, policyID int64, keys []string, res *views.LabResult) error {
 	err := app.pool.QueryRow(ctx, `
 		SELECT count(*)
 		  FROM idempotency_keys

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"github.com/labstack/echo/v4"
@@ -8,7 +8,7 @@ import (
 )
 
 // routes lists every URL idemlab serves, with the middleware each needs.
-func (app *application) routes() *echo.Echo {
+func (app *App) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = app.handleError

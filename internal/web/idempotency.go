@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"crypto/rand"
@@ -14,7 +14,7 @@ import (
 
 // idempotentAPI wraps a JSON route in the Idempotency-Key protocol. The
 // key's scope is the caller: one user can never replay another's answer.
-func (app *application) idempotentAPI() echo.MiddlewareFunc {
+func (app *App) idempotentAPI() echo.MiddlewareFunc {
 	return idempotency.Middleware(app.idempotency, idempotency.Config{
 		Scope:  userScope,
 		Logger: app.logger,
@@ -25,7 +25,7 @@ func (app *application) idempotentAPI() echo.MiddlewareFunc {
 // idempotency_key field minted when the form was rendered. A double-click
 // waits briefly for the first click's answer (a redirect) instead of
 // showing "still processing"; refusals are pages, not problem+json.
-func (app *application) idempotentForm() echo.MiddlewareFunc {
+func (app *App) idempotentForm() echo.MiddlewareFunc {
 	return idempotency.Middleware(app.idempotency, idempotency.Config{
 		KeyFrom:      idempotency.FromFormField,
 		Scope:        userScope,
@@ -41,7 +41,7 @@ func userScope(c echo.Context) (int64, bool) {
 }
 
 // formNotice explains a refused form submission in words.
-func (app *application) formNotice(c echo.Context, p *problem.Problem) error {
+func (app *App) formNotice(c echo.Context, p *problem.Problem) error {
 	n := views.Notice{Title: p.Title, Message: p.Detail, Back: c.Request().Referer(), BackLabel: "Back"}
 	switch p.Type {
 	case "request-in-progress":
@@ -68,6 +68,6 @@ func newFormKey() string {
 }
 
 // actor names the current request in operation timelines.
-func (app *application) actor(c echo.Context) string {
+func (app *App) actor(c echo.Context) string {
 	return "request " + c.Response().Header().Get(echo.HeaderXRequestID) + " on " + app.cfg.InstanceID
 }

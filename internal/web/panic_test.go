@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemlab/idemlab/internal/testdb"
 )
@@ -22,11 +23,11 @@ func TestPanicsAreRecoveredAndLoggedNotShown(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	var logs syncBuffer
-	cfg, err := loadConfig(func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := &application{cfg: cfg, logger: slog.New(slog.NewTextHandler(&logs, nil)), pool: db.Pool, metrics: newMetrics(db.Pool)}
+	app := New(Config{BodyLimit: "1M"}, Deps{
+		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+		Pool:     db.Pool,
+		Registry: prometheus.NewRegistry(),
+	})
 	e := app.routes()
 	e.GET("/api/v1/boom", func(echo.Context) error { panic("secret internals: the vault combination is 1234") })
 

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"strconv"
@@ -11,17 +11,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metrics is this process's Prometheus registry. It is not the global
-// default, so several servers in one test binary never collide.
+// metrics are the HTTP layer's collectors on this process's Prometheus
+// registry (made by cmd/web, shared with the background loops). It is not
+// the global default, so several servers in one test binary never collide.
 type metrics struct {
 	reg      *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 }
 
-func newMetrics(pool *pgxpool.Pool) *metrics {
+func newMetrics(reg *prometheus.Registry, pool *pgxpool.Pool) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg: reg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemlab_http_requests_total",
 			Help: "HTTP requests by route pattern, method and status.",

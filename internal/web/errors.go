@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"errors"
@@ -112,7 +112,7 @@ func httpErrorProblem(he *echo.HTTPError) *problem.Problem {
 
 // handleError is Echo's HTTPErrorHandler: API requests get problem+json,
 // browsers a friendly page with the same status.
-func (app *application) handleError(err error, c echo.Context) {
+func (app *App) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}

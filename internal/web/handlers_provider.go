@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"encoding/json"
@@ -42,7 +42,7 @@ func controlError(c echo.Context, err error) error {
 
 // handleGetProviderFaults: GET /api/v1/provider/faults (admin) — the whole
 // fault configuration: {"global": {…}, "overrides": […], "script": […]}.
-func (app *application) handleGetProviderFaults(c echo.Context) error {
+func (app *App) handleGetProviderFaults(c echo.Context) error {
 	cfg, err := app.providerControl.Faults(c.Request().Context())
 	if err != nil {
 		return controlError(c, err)
@@ -53,7 +53,7 @@ func (app *application) handleGetProviderFaults(c echo.Context) error {
 // handlePutProviderFaults: PUT /api/v1/provider/faults (admin) — one fault
 // setting (fields left out take fake.DefaultFault's values), answered with
 // the whole new configuration.
-func (app *application) handlePutProviderFaults(c echo.Context) error {
+func (app *App) handlePutProviderFaults(c echo.Context) error {
 	var f fake.Fault // its UnmarshalJSON starts from fake.DefaultFault
 	dec := json.NewDecoder(c.Request().Body)
 	if err := dec.Decode(&f); err != nil || dec.Decode(&struct{}{}) != io.EOF {
@@ -70,7 +70,7 @@ func (app *application) handlePutProviderFaults(c echo.Context) error {
 // handleGetProviderEffects: GET /api/v1/provider/effects (admin) — the
 // effects ledger: {"total", "pending", "by_policy": [{"policy_id", "count",
 // "pending"}]}. A count above 1 is a double cancellation.
-func (app *application) handleGetProviderEffects(c echo.Context) error {
+func (app *App) handleGetProviderEffects(c echo.Context) error {
 	e, err := app.providerControl.Effects(c.Request().Context())
 	if err != nil {
 		return controlError(c, err)
@@ -81,7 +81,7 @@ func (app *application) handleGetProviderEffects(c echo.Context) error {
 // handleResetProvider: POST /api/v1/provider/reset (admin) — 204: the fake
 // forgets every request and effect, empties the script, drops the overrides
 // and restores the default fault.
-func (app *application) handleResetProvider(c echo.Context) error {
+func (app *App) handleResetProvider(c echo.Context) error {
 	if err := app.providerControl.Reset(c.Request().Context()); err != nil {
 		return controlError(c, err)
 	}
@@ -91,7 +91,7 @@ func (app *application) handleResetProvider(c echo.Context) error {
 // handleProviderPage: GET /provider — the fault configuration, the effects
 // ledger and, per mode, what the caller sees against what really happened.
 // Everyone signed in may look; only the admin gets working buttons.
-func (app *application) handleProviderPage(c echo.Context) error {
+func (app *App) handleProviderPage(c echo.Context) error {
 	ctx := c.Request().Context()
 	cfg, err := app.providerControl.Faults(ctx)
 	if err != nil {
@@ -132,7 +132,7 @@ func faultView(f fake.Fault) views.ProviderFault {
 // latency_ms, status_mode, policy_id, next); the rest are the current global
 // fault's, so "queue lost_response for the next call" keeps the provider as
 // idempotent as it is now. Then POST/redirect/GET back to the page.
-func (app *application) handleProviderFaultsForm(c echo.Context) error {
+func (app *App) handleProviderFaultsForm(c echo.Context) error {
 	ctx := c.Request().Context()
 	cfg, err := app.providerControl.Faults(ctx)
 	if err != nil {
@@ -201,7 +201,7 @@ func invalidFormFault(detail string) *problem.Problem {
 }
 
 // handleProviderResetForm: POST /provider/reset (admin), then back to the page.
-func (app *application) handleProviderResetForm(c echo.Context) error {
+func (app *App) handleProviderResetForm(c echo.Context) error {
 	if err := app.providerControl.Reset(c.Request().Context()); err != nil {
 		return controlError(c, err)
 	}

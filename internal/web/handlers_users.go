@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"net/http"
@@ -8,7 +8,7 @@ import (
 
 // handleListUsers: GET /api/v1/users (admin) — every account, for scripts
 // that drive the API as several users.
-func (app *application) handleListUsers(c echo.Context) error {
+func (app *App) handleListUsers(c echo.Context) error {
 	list, err := app.users.List(c.Request().Context())
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package web
 
 import (
 	"context"
@@ -36,7 +36,7 @@ type recoverySettings struct {
 	BoundS       float64 `json:"bound_seconds"`
 }
 
-func (app *application) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) {
+func (app *App) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) {
 	counts, err := app.policies.CountByStatus(ctx)
 	if err != nil {
 		return recoverySnapshot{}, err
@@ -63,7 +63,7 @@ func (app *application) recoverySnapshot(ctx context.Context) (recoverySnapshot,
 }
 
 // handleRecoveryAPI: GET /api/v1/recovery
-func (app *application) handleRecoveryAPI(c echo.Context) error {
+func (app *App) handleRecoveryAPI(c echo.Context) error {
 	s, err := app.recoverySnapshot(c.Request().Context())
 	if err != nil {
 		return err
@@ -72,7 +72,7 @@ func (app *application) handleRecoveryAPI(c echo.Context) error {
 }
 
 // handleRecoveryPage: GET /recovery — for everyone, refreshing itself.
-func (app *application) handleRecoveryPage(c echo.Context) error {
+func (app *App) handleRecoveryPage(c echo.Context) error {
 	v, err := app.recoveryView(c.Request().Context())
 	if err != nil {
 		return err
@@ -81,7 +81,7 @@ func (app *application) handleRecoveryPage(c echo.Context) error {
 }
 
 // handleRecoveryPanel: GET /recovery/panel — the htmx partial.
-func (app *application) handleRecoveryPanel(c echo.Context) error {
+func (app *App) handleRecoveryPanel(c echo.Context) error {
 	v, err := app.recoveryView(c.Request().Context())
 	if err != nil {
 		return err
@@ -89,7 +89,7 @@ func (app *application) handleRecoveryPanel(c echo.Context) error {
 	return render(c, http.StatusOK, views.RecoveryPanel(v))
 }
 
-func (app *application) recoveryView(ctx context.Context) (views.RecoveryView, error) {
+func (app *App) recoveryView(ctx context.Context) (views.RecoveryView, error) {
 	s, err := app.recoverySnapshot(ctx)
 	if err != nil {
 		return views.RecoveryView{}, err
@@ -127,7 +127,7 @@ func (app *application) recoveryView(ctx context.Context) (views.RecoveryView, e
 }
 
 // handleReconciliationAPI: GET /api/v1/admin/reconciliation (admin)
-func (app *application) handleReconciliationAPI(c echo.Context) error {
+func (app *App) handleReconciliationAPI(c echo.Context) error {
 	ops, err := app.policies.ListByStatus(c.Request().Context(), policies.OpNeedsReconciliation, 100)
 	if err != nil {
 		return err
@@ -140,7 +140,7 @@ func (app *application) handleReconciliationAPI(c echo.Context) error {
 
 // handleReconciliationPage: GET /reconciliation (admin) — operations that
 // need a person, with their evidence and three keyed decision forms.
-func (app *application) handleReconciliationPage(c echo.Context) error {
+func (app *App) handleReconciliationPage(c echo.Context) error {
 	ctx := c.Request().Context()
 	ops, err := app.policies.ListByStatus(ctx, policies.OpNeedsReconciliation, 100)
 	if err != nil {
@@ -160,7 +160,7 @@ func (app *application) handleReconciliationPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.ReconciliationPage(app.page(c, "Reconciliation", "recovery"), v))
 }
 
-func (app *application) reconcileItem(ctx context.Context, op policies.Operation) (views.ReconcileItem, error) {
+func (app *App) reconcileItem(ctx context.Context, op policies.Operation) (views.ReconcileItem, error) {
 	pol, err := app.policies.Get(ctx, op.UserID, op.PolicyID)
 	if err != nil {
 		return views.ReconcileItem{}, err
@@ -203,7 +203,7 @@ type resolveBody struct {
 // handleResolveAPI: POST /api/v1/admin/operations/:id/resolve (admin,
 // Idempotency-Key). 200 with the operation · 409 state-changed when it is
 // no longer as seen.
-func (app *application) handleResolveAPI(c echo.Context) error {
+func (app *App) handleResolveAPI(c echo.Context) error {
 	var in resolveBody
 	if err := decodeOptionalJSON(c, &in); err != nil {
 		return idempotency.Reject(err)
@@ -230,7 +230,7 @@ func (app *application) handleResolveAPI(c echo.Context) error {
 // handleResolveForm: POST /reconciliation/:id/resolve (admin form, hidden
 // idempotency_key). The answer — a redirect back to the list — is stored
 // with the decision, so a double-click replays it.
-func (app *application) handleResolveForm(c echo.Context) error {
+func (app *App) handleResolveForm(c echo.Context) error {
 	seen, err := time.Parse(time.RFC3339Nano, c.FormValue("seen_updated_at"))
 	if err != nil {
 		return idempotency.Reject(problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page"))
@@ -261,7 +261,7 @@ func (app *application) handleResolveForm(c echo.Context) error {
 	return answer.Write(c)
 }
 
-func (app *application) resolveRequest(c echo.Context, in resolveBody) (policies.ResolveRequest, error) {
+func (app *App) resolveRequest(c echo.Context, in resolveBody) (policies.ResolveRequest, error) {
 	id, err := pathID(c, "id")
 	if err != nil {
 		return policies.ResolveRequest{}, err

@@ -1,0 +1,127 @@
+// Package web is idemlab's HTTP surface. routes.go lists every URL;
+// handlers_<feature>.go hold the handlers, one file per feature; errors.go
+// is the one table from domain errors to HTTP answers; middleware.go,
+// session.go, metrics.go and idempotency.go are the plumbing every request
+// passes through.
+//
+// Handlers parse the request, call one workflow or store method and render
+// the result. They open no transaction and write no SQL: the workflows in
+// internal/policies and internal/slots own their commits, and the request's
+// Idempotency-Key is claimed and completed inside them through
+// workflow.Hooks (idempotency.go builds the hooks).
+package web
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/provider"
+	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/users"
+)
+
+// Config is what the HTTP layer needs from the environment (cmd/web reads
+// it; docs/api.md lists the variables).
+type Config struct {
+	InstanceID      string         // INSTANCE_ID: names this replica in pages and timelines
+	BodyLimit       string         // BODY_LIMIT: the largest request body, e.g. 1M
+	BookingStrategy slots.Strategy // BOOKING_STRATEGY
+	AllowReset      bool           // ALLOW_RESET: POST /api/v1/admin/reset is allowed
+	OperationLease  time.Duration  // OPERATION_LEASE: bounds invariant 6 by default
+	ProviderTimeout time.Duration  // PROVIDER_TIMEOUT: shown on the provider page
+}
+
+// Deps are the parts the handlers call. cmd/web builds them once per
+// process and shares them with the background loops.
+type Deps struct {
+	Logger   *slog.Logger
+	Accounts []demo.Account // the demo accounts, with the tokens in force
+	Secret   []byte         // signs sessions; derives generated users' tokens
+	Pool     *pgxpool.Pool
+	Migrator *database.Migrator
+	Registry *prometheus.Registry // this process's metrics, served at /metrics
+
+	Idempotency *idempotency.Store
+	Canceller   *policies.Canceller
+	Recovery    *recovery.Loop
+	Crash       *crash.Switch
+
+	// Provider is the client the workflows call; ProviderControl sets the
+	// fake provider's faults and reads its ledger, wherever it runs.
+	Provider        *provider.HTTPClient
+	ProviderControl *fake.Control
+}
+
+// App holds every dependency a handler needs. Handlers are its methods
+// (handlers_*.go); routes.go says which URL calls which.
+type App struct {
+	cfg      Config
+	logger   *slog.Logger
+	accounts []demo.Account
+	secret   []byte
+	pool     *pgxpool.Pool
+	migrator *database.Migrator
+	sessions *sessionCodec
+	metrics  *metrics
+
+	users    *users.Store
+	policies *policies.Store
+	slots    *slots.Store
+	lab      *slots.Lab // the race lab
+
+	provider        *provider.HTTPClient
+	providerControl *fake.Control
+
+	idempotency *idempotency.Store
+	canceller   *policies.Canceller
+	crash       *crash.Switch
+	recovery    *recovery.Loop
+
+	// handler is the whole HTTP stack; the double-click lab sends its
+	// requests through it.
+	handler http.Handler
+}
+
+// New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,
+// and the routes.
+func New(cfg Config, d Deps) *App {
+	app := &App{
+		cfg:      cfg,
+		logger:   d.Logger,
+		accounts: d.Accounts,
+		secret:   d.Secret,
+		pool:     d.Pool,
+		migrator: d.Migrator,
+		sessions: newSessionCodec(d.Secret),
+		metrics:  newMetrics(d.Registry, d.Pool),
+
+		users:    users.NewStore(d.Pool),
+		policies: policies.NewStore(d.Pool),
+		slots:    slots.NewStore(d.Pool),
+		lab:      slots.NewLab(d.Pool),
+
+		provider:        d.Provider,
+		providerControl: d.ProviderControl,
+
+		idempotency: d.Idempotency,
+		canceller:   d.Canceller,
+		crash:       d.Crash,
+		recovery:    d.Recovery,
+	}
+	app.handler = app.routes()
+	return app
+}
+
+// Handler is the whole HTTP stack.
+func (app *App) Handler() http.Handler { return app.handler }
