@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/provider"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // CrashPoint names a moment in the cancellation where a process can die, for
@@ -35,13 +36,14 @@ var CrashPoints = []CrashPoint{CrashAfterClaim, CrashAfterProviderCall, CrashAft
 
 // Canceller runs the cancellation workflow of one request:
 //
-//	tx 1:  record the intent IN_PROGRESS with this request as owner (lease)
+//	tx 1:  hooks.Begin (the request's key claim); record the intent
+//	       IN_PROGRESS with this request as owner (lease)
 //	       ── no transaction open ──
 //	call:  provider.Cancel with the operation's provider key
 //	       ── no transaction open ──
 //	tx 2:  confirmed → SUCCEEDED + policy CANCELLED · rejected → FAILED ·
 //	       unknown → stays IN_PROGRESS, handed to recovery;
-//	       and the caller's answer (the idempotency key) in the same commit
+//	       and hooks.Finish (the caller's answer) in the same commit
 //
 // No transaction spans the network call: a slow provider never holds a row
 // lock or a connection.
@@ -69,32 +71,60 @@ type CancelRequest struct {
 	Actor      string // who is asking, for the timeline: "request <id> on <instance>"
 }
 
-// Finish is called inside the transaction that records the outcome, with
-// the operation as it will be committed. The HTTP layer stores the
-// request's answer there, so the business outcome and the replayable answer
-// commit together or not at all. An error rolls everything back.
-type Finish func(ctx context.Context, tx pgx.Tx, op Operation) error
-
 // Cancel runs the workflow and returns the operation as committed: SUCCEEDED,
 // FAILED (the provider refused), or IN_PROGRESS (outcome unknown; recovery
-// finishes it). A retry of the request that started the operation (same
-// key, after its process died) gets the operation as it is now. Errors: ErrNotFound (no such active policy of this user), a
-// *DuplicateIntentError, ErrLeaseLost (someone took the operation over while
-// the provider was called; the outcome is theirs to record).
-func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish) (Operation, error) {
+// finishes it). The hooks tie it to the request (workflow.Hooks):
+//
+//   - hooks.Begin runs first in transaction 1;
+//   - a refusal decided in transaction 1 — ErrNotFound (no such active
+//     policy of this user) or a *DuplicateIntentError — goes to
+//     hooks.Finish in transaction 1 and commits with it (one commit), and is
+//     then returned as the error;
+//   - a retry of the request that started the operation (same key, after its
+//     process died) is answered in transaction 1 with the operation as it is
+//     now: nothing is called again;
+//   - otherwise hooks.Finish runs in the transaction that records the
+//     provider's outcome.
+//
+// Any other error rolls its transaction back and is returned: ErrLeaseLost
+// (someone took the operation over while the provider was called; the
+// outcome is theirs to record) or a database failure.
+func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, hooks workflow.Hooks[Operation]) (Operation, error) {
 	owner := Owner{ID: req.Actor, Lease: c.lease}
 	var op Operation
+	var refusal error // a business "no", committed with Finish
+	answered := false // a retry of the request that started the operation
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err
+		}
 		var err error
 		op, err = c.store.StartCancellation(ctx, tx, req.UserID, req.PolicyID, req.RequestKey, req.Reason, owner)
-		return err
+		var dup *DuplicateIntentError
+		switch {
+		case errors.As(err, &dup) && dup.SameRequest:
+			// Its first attempt died before answering: the answer is the
+			// operation's state now (finished by recovery, or under way).
+			if op, err = c.store.RecordRetry(ctx, tx, dup.OperationID, req.Actor); err != nil {
+				return err
+			}
+			answered = true
+			return hooks.RunFinish(ctx, tx, op, nil)
+		case errors.Is(err, ErrNotFound), errors.Is(err, ErrDuplicateIntent):
+			refusal = err
+			return hooks.RunFinish(ctx, tx, Operation{}, err)
+		case err != nil:
+			return err
+		}
+		return nil
 	})
-	var dup *DuplicateIntentError
-	if errors.As(err, &dup) && dup.SameRequest {
-		return c.answerRetry(ctx, dup.OperationID, req.Actor, finish)
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return Operation{}, err
+	case answered:
+		return op, nil
+	case refusal != nil:
+		return Operation{}, refusal
 	}
 	c.crash(ctx, CrashAfterClaim)
 
@@ -109,7 +139,7 @@ func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish
 	}
 	c.crash(ctx, CrashAfterProviderCall)
 
-	op, err = c.Record(ctx, op.ID, *op.OwnerToken, req.Actor, res, finish)
+	op, err = c.record(ctx, op.ID, *op.OwnerToken, note{actor: req.Actor}, res, hooks)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -119,14 +149,15 @@ func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, finish Finish
 
 // Record writes what a provider call told us, as the owner holding token:
 // the one code path by which requests and the recovery loop finish an
-// operation. See Cancel for the transitions and Finish for the answer.
-func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string, res provider.Result, finish Finish) (Operation, error) {
-	return c.record(ctx, opID, token, note{actor: actor}, res, finish)
+// operation. See Cancel for the transitions; hooks.Finish runs in the same
+// transaction.
+func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string, res provider.Result, hooks workflow.Hooks[Operation]) (Operation, error) {
+	return c.record(ctx, opID, token, note{actor: actor}, res, hooks)
 }
 
 // record is Record with the recovery loop's branch and wording on the
 // timeline (n.detail "" keeps the default wording).
-func (c *Canceller) record(ctx context.Context, opID int64, token string, n note, res provider.Result, finish Finish) (Operation, error) {
+func (c *Canceller) record(ctx context.Context, opID int64, token string, n note, res provider.Result, hooks workflow.Hooks[Operation]) (Operation, error) {
 	var op Operation
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var err error
@@ -142,34 +173,12 @@ func (c *Canceller) record(ctx context.Context, opID int64, token string, n note
 		if err != nil {
 			return err
 		}
-		if finish != nil {
-			return finish(ctx, tx, op)
-		}
-		return nil
+		return hooks.RunFinish(ctx, tx, op, nil)
 	})
 	if err != nil {
 		return Operation{}, err
 	}
 	return op, nil
-}
-
-// answerRetry answers a request that comes back with the key that started
-// the operation — its first attempt died before answering. Nothing is
-// called again: the answer is the operation's state now (finished by the
-// recovery loop, or still under way), stored with the key like any answer.
-func (c *Canceller) answerRetry(ctx context.Context, opID int64, actor string, finish Finish) (Operation, error) {
-	var op Operation
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var err error
-		if op, err = c.store.RecordRetry(ctx, tx, opID, actor); err != nil {
-			return err
-		}
-		if finish != nil {
-			return finish(ctx, tx, op)
-		}
-		return nil
-	})
-	return op, err
 }
 
 func (c *Canceller) crash(ctx context.Context, at CrashPoint) {

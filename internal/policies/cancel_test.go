@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // The workflow's patience. Modes that never answer cost one impatient
@@ -83,7 +84,7 @@ func (b *bundle) cancel(t *testing.T, policyID int64, key string) (policies.Oper
 	t.Helper()
 	return b.canceller.Cancel(context.Background(), policies.CancelRequest{
 		UserID: b.alice, PolicyID: policyID, RequestKey: key, Reason: "moving abroad", Actor: "test " + key,
-	}, nil)
+	}, workflow.Hooks[policies.Operation]{})
 }
 
 func (b *bundle) effects(t *testing.T, policyID int64) int {
@@ -277,10 +278,11 @@ func TestALateOwnerIsFencedOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	finishRan := false
-	_, err = b.canceller.Record(ctx, op.ID, *op.OwnerToken, "request A", provider.Result{Outcome: provider.Confirmed}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
-		finishRan = true
-		return nil
-	})
+	_, err = b.canceller.Record(ctx, op.ID, *op.OwnerToken, "request A", provider.Result{Outcome: provider.Confirmed}, workflow.Hooks[policies.Operation]{
+		Finish: func(context.Context, pgx.Tx, policies.Operation, error) error {
+			finishRan = true
+			return nil
+		}})
 	if !errors.Is(err, policies.ErrLeaseLost) {
 		t.Fatalf("late Record: %v, want ErrLeaseLost", err)
 	}
@@ -304,7 +306,7 @@ func TestFinishFailingRollsTheOutcomeBack(t *testing.T) {
 	pid := b.policyIDs[4]
 	boom := errors.New("boom")
 	_, err := b.canceller.Cancel(context.Background(), policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "t"},
-		func(context.Context, pgx.Tx, policies.Operation) error { return boom })
+		workflow.Hooks[policies.Operation]{Finish: func(context.Context, pgx.Tx, policies.Operation, error) error { return boom }})
 	if !errors.Is(err, boom) {
 		t.Fatalf("Cancel: %v", err)
 	}
@@ -333,7 +335,7 @@ func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
 	}
 	var answered policies.Operation
 	op, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "key-k", Actor: "retry"},
-		func(_ context.Context, _ pgx.Tx, op policies.Operation) error { answered = op; return nil })
+		workflow.Hooks[policies.Operation]{Finish: func(_ context.Context, _ pgx.Tx, op policies.Operation, _ error) error { answered = op; return nil }})
 	if err != nil {
 		t.Fatalf("retry: %v", err)
 	}
@@ -350,5 +352,83 @@ func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
 	// Another key is still a duplicate intent.
 	if _, err := b.cancel(t, pid, "other-key"); !errors.Is(err, policies.ErrDuplicateIntent) {
 		t.Fatalf("other key: %v", err)
+	}
+}
+
+// txTracer records, for workflow.Hooks, the transaction each hook ran in and
+// what Finish was given.
+type txTracer struct {
+	begin, finish int64
+	refusal       error
+	finishes      int
+}
+
+func (tr *txTracer) hooks() workflow.Hooks[policies.Operation] {
+	return workflow.Hooks[policies.Operation]{
+		Begin: func(ctx context.Context, tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&tr.begin)
+		},
+		Finish: func(ctx context.Context, tx pgx.Tx, _ policies.Operation, refusal error) error {
+			tr.finishes++
+			tr.refusal = refusal
+			return tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&tr.finish)
+		},
+	}
+}
+
+// The hooks' contract: Begin runs in transaction 1; a refusal decided there
+// (not found, a duplicate intent) reaches Finish in that same transaction,
+// which commits once; a provider outcome reaches Finish in the transaction
+// that records it.
+func TestHooksRefusalsCommitWithTheClaimOutcomesWithTheirRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	committed := func(txid int64) bool {
+		t.Helper()
+		var st string
+		if err := b.db.Pool.QueryRow(ctx, `SELECT txid_status($1)`, txid).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st == "committed"
+	}
+	cancel := func(pid int64, key string, tr *txTracer) (policies.Operation, error) {
+		return b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: key, Actor: "t"}, tr.hooks())
+	}
+
+	var ok txTracer
+	if _, err := cancel(b.policyIDs[0], "first", &ok); err != nil {
+		t.Fatal(err)
+	}
+	if ok.finishes != 1 || ok.refusal != nil || ok.finish == ok.begin || !committed(ok.begin) || !committed(ok.finish) {
+		t.Errorf("provider outcome: %+v, want Finish once, in its own committed transaction after Begin's", ok)
+	}
+
+	for name, tc := range map[string]struct {
+		pid  int64
+		want error
+	}{
+		"not found":        {999999, policies.ErrNotFound},
+		"duplicate intent": {b.policyIDs[0], policies.ErrDuplicateIntent},
+	} {
+		var tr txTracer
+		_, err := cancel(tc.pid, "another-"+name, &tr)
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("%s: %v, want %v", name, err, tc.want)
+		}
+		if tr.finishes != 1 || !errors.Is(tr.refusal, tc.want) || tr.finish != tr.begin || !committed(tr.begin) {
+			t.Errorf("%s: %+v, want the refusal given to Finish in Begin's transaction, committed", name, tr)
+		}
+	}
+
+	// Begin failing ends the workflow with nothing written.
+	boom := errors.New("boom")
+	_, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: b.policyIDs[1], RequestKey: "k", Actor: "t"},
+		workflow.Hooks[policies.Operation]{Begin: func(context.Context, pgx.Tx) error { return boom }})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Begin failing: %v", err)
+	}
+	if _, err := b.store.OperationForPolicy(ctx, b.policyIDs[1]); !errors.Is(err, policies.ErrOperationNotFound) {
+		t.Fatalf("Begin failed, yet an operation exists: %v", err)
 	}
 }

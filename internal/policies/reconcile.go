@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // This file is what a person does with an operation recovery could not
@@ -86,26 +88,38 @@ UPDATE policy_operations
        updated_at = now()` + resolveGuard + opColumns
 
 // Resolve applies a person's decision in one transaction, with its timeline
-// event, and calls finish inside it (the HTTP layer stores its answer
-// there). ErrStateChanged when the operation is not as they saw it;
-// ErrOperationNotFound when it does not exist.
-func (c *Canceller) Resolve(ctx context.Context, req ResolveRequest, finish Finish) (Operation, error) {
+// event: hooks.Begin first, then the decision, then hooks.Finish with the
+// operation — or with the refusal, ErrStateChanged when the operation is not
+// as they saw it or ErrOperationNotFound when it does not exist, which
+// commits with Begin and is then returned as the error.
+func (c *Canceller) Resolve(ctx context.Context, req ResolveRequest, hooks workflow.Hooks[Operation]) (Operation, error) {
 	if !req.Resolution.Valid() {
 		return Operation{}, fmt.Errorf("policies: unknown resolution %q", req.Resolution)
 	}
 	var op Operation
+	var refusal error
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var err error
-		op, err = resolve(ctx, tx, req)
-		if err != nil {
+		if err := hooks.RunBegin(ctx, tx); err != nil {
 			return err
 		}
-		if finish != nil {
-			return finish(ctx, tx, op)
+		var err error
+		op, err = resolve(ctx, tx, req)
+		switch {
+		case errors.Is(err, ErrStateChanged), errors.Is(err, ErrOperationNotFound):
+			refusal = err
+			return hooks.RunFinish(ctx, tx, Operation{}, err)
+		case err != nil:
+			return err
 		}
-		return nil
+		return hooks.RunFinish(ctx, tx, op, nil)
 	})
-	return op, err
+	if err != nil {
+		return Operation{}, err
+	}
+	if refusal != nil {
+		return Operation{}, refusal
+	}
+	return op, nil
 }
 
 func resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (Operation, error) {

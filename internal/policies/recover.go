@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // Recovery is what the recovery loop needs from this package: it claims
@@ -152,7 +153,7 @@ func (a *attempt) retry(ctx context.Context, branch, why string) (recovery.Resul
 // finish records a definite answer through Canceller.record, the code path
 // the requests use.
 func (a *attempt) finish(ctx context.Context, branch string, res provider.Result, detail string) (recovery.Result, error) {
-	op, err := a.r.canceller.record(ctx, a.op.ID, a.claim.Token, a.note(branch, detail), res, nil)
+	op, err := a.r.canceller.record(ctx, a.op.ID, a.claim.Token, a.note(branch, detail), res, workflow.Hooks[Operation]{})
 	if err != nil {
 		return recovery.Result{Branch: branch}, err
 	}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
@@ -21,6 +20,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // providerTimeout is every client's patience: short so timeouts are cheap,
@@ -137,7 +137,7 @@ func (b *bundle) cancelCrashingAt(t *testing.T, policyID int64, point policies.C
 		}()
 		_, err := b.canceller.Cancel(ctx, policies.CancelRequest{
 			UserID: b.alice, PolicyID: policyID, RequestKey: "key-" + string(point), Actor: "request on app-1",
-		}, nil)
+		}, workflow.Hooks[policies.Operation]{})
 		if err != nil {
 			t.Fatalf("Cancel: %v", err)
 		}
@@ -585,7 +585,7 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, err := b.canceller.Resolve(ctx, req, func(context.Context, pgx.Tx, policies.Operation) error { return nil })
+					_, err := b.canceller.Resolve(ctx, req, workflow.Hooks[policies.Operation]{})
 					mu.Lock()
 					defer mu.Unlock()
 					switch {

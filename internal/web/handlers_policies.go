@@ -18,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -96,14 +97,17 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 	var answer idempotency.Response
 	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
 		UserID: u.ID, PolicyID: id, Reason: in.Reason, RequestKey: claim.Key, Actor: app.actor(c),
-	}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+	}, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
+		if refusal != nil {
+			return nil // answered by the middleware, from the error Cancel returns
+		}
 		// The answer is stored in the same commit as the outcome.
 		var err error
 		if answer, err = cancelAnswer(op); err != nil {
 			return err
 		}
 		return claim.Complete(ctx, tx, answer)
-	})
+	}})
 	if err != nil {
 		return err
 	}
@@ -218,10 +222,13 @@ func (app *App) handleCancelPolicyForm(c echo.Context) error {
 	var answer idempotency.Response
 	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
 		UserID: u.ID, PolicyID: id, Reason: reason, RequestKey: claim.Key, Actor: app.actor(c),
-	}, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+	}, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
+		if refusal != nil {
+			return nil // answered below, from the error Cancel returns
+		}
 		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/operations/%d", op.ID))
 		return claim.Complete(ctx, tx, answer)
-	})
+	}})
 	var dup *policies.DuplicateIntentError
 	if errors.As(err, &dup) {
 		// Another click with another key got there first: show its operation.

@@ -13,6 +13,7 @@ import (
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -214,13 +215,16 @@ func (app *App) handleResolveAPI(c echo.Context) error {
 	}
 	claim := idempotency.ClaimFrom(c.Request().Context())
 	var answer idempotency.Response
-	_, err = app.canceller.Resolve(c.Request().Context(), req, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+	_, err = app.canceller.Resolve(c.Request().Context(), req, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
+		if refusal != nil {
+			return nil // answered by the middleware, from the error Resolve returns
+		}
 		var err error
 		if answer, err = idempotency.JSONResponse(http.StatusOK, op); err != nil {
 			return err
 		}
 		return claim.Complete(ctx, tx, answer)
-	})
+	}})
 	if err != nil {
 		return err
 	}
@@ -241,10 +245,13 @@ func (app *App) handleResolveForm(c echo.Context) error {
 	}
 	claim := idempotency.ClaimFrom(c.Request().Context())
 	var answer idempotency.Response
-	_, err = app.canceller.Resolve(c.Request().Context(), req, func(ctx context.Context, tx pgx.Tx, op policies.Operation) error {
+	_, err = app.canceller.Resolve(c.Request().Context(), req, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
+		if refusal != nil {
+			return nil // answered below, from the error Resolve returns
+		}
 		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/reconciliation?resolved=%d&action=%s", op.ID, req.Resolution))
 		return claim.Complete(ctx, tx, answer)
-	})
+	}})
 	if errors.Is(err, policies.ErrStateChanged) {
 		// Said in words, and stored as this form's answer like any other.
 		n := views.Notice{
