@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/invariants"
