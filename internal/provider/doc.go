@@ -18,8 +18,17 @@
 // ErrUnreachable and the caller tries again later.
 //
 // Every call carries a provider idempotency key chosen by the caller (one per
-// operation, reused by every retry of it), so a provider that honours keys
-// turns a retry after Unknown into the same single effect.
+// step, reused by every retry of it), so a provider that honours keys turns a
+// retry after Unknown into the same single effect. Every call also carries a
+// deadline (Request-Deadline: the caller's clock plus PROVIDER_TIMEOUT) after
+// which the provider refuses it, so NOT_STARTED becomes conclusive once the
+// deadlines of all earlier calls have passed. A caller that records the
+// deadline before sending takes it from Deadline and passes it in
+// CancelRequest.Deadline; Result.Deadline is the one the call carried.
+//
+// The vocabulary (Outcome, Truth, Result, ErrUnreachable, StatusError) and the
+// HTTP mechanics are internal/external's, shared with every other system's
+// client; this package names them so its callers read provider.Result.
 //
 // HTTPClient is the implementation over the provider's HTTP API; the fake in
 // internal/provider/fake serves that API with every failure on demand, the way

@@ -191,3 +191,31 @@ func closedAddr(t *testing.T) string {
 	l.Close()
 	return addr
 }
+
+func TestCancelCarriesTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	var got atomic.Pointer[http.Request]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Clone(context.Background()))
+		w.Write([]byte(`{"status":"COMPLETED"}`))
+	}))
+	defer srv.Close()
+	c := provider.NewHTTPClient(srv.URL, time.Second)
+	defer c.CloseIdleConnections()
+
+	deadline := c.Deadline() // recorded by the caller first, then sent
+	res, err := c.Cancel(context.Background(), provider.CancelRequest{Key: "op-1:provider_cancel", PolicyID: 7, Deadline: deadline})
+	if err != nil || res.Outcome != provider.Confirmed {
+		t.Fatalf("result = %+v, %v", res, err)
+	}
+	r := got.Load()
+	if r.URL.Path != "/v1/cancellations" || r.Header.Get("Idempotency-Key") != "op-1:provider_cancel" {
+		t.Fatalf("sent %s with key %q", r.URL.Path, r.Header.Get("Idempotency-Key"))
+	}
+	if h := r.Header.Get("Request-Deadline"); h != deadline.UTC().Format("2006-01-02T15:04:05.000Z") || !res.Deadline.Equal(deadline) {
+		t.Fatalf("Request-Deadline = %q, Result.Deadline = %s; want the caller's %s", h, res.Deadline, deadline)
+	}
+	if _, err := c.Cancel(context.Background(), provider.CancelRequest{Key: "k", PolicyID: 7, Deadline: time.Now().Add(-time.Second)}); !errors.Is(err, provider.ErrDeadlinePassed) {
+		t.Fatalf("a call past its deadline: err = %v, want ErrDeadlinePassed (not sent)", err)
+	}
+}
