@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
@@ -122,7 +124,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 
 	// Crash points: the process dies there on purpose (CRASH_AT at start,
 	// PUT /api/v1/admin/crash at run time).
-	crashes := crash.New(policies.CrashPoints, logger)
+	crashes := crash.New(slices.Concat(policies.CrashPoints, events.CrashPoints), logger)
 	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
 		return fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
 	}
@@ -130,6 +132,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	idem := idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL)
 	canceller := policies.NewCanceller(pool, providerClient, cfg.OperationLease)
 	canceller.Crash = crashes.At
+	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
 	recoveryLoop := newRecoveryLoop(cfg, canceller, logger, registry)
 
 	app := web.New(web.Config{

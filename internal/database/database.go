@@ -68,7 +68,7 @@ func newMigrator(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (*Migrator
 	if err != nil {
 		return nil, fmt.Errorf("database: session locker: %w", err)
 	}
-	opts := []goose.ProviderOption{goose.WithSessionLocker(locker)}
+	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithGoMigrations(riverMigration())}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}

@@ -160,6 +160,8 @@ func migrationsHash() (string, error) {
 		h.Write(b)
 		return nil
 	})
+	// River's schema is a Go migration (internal/database/river.go).
+	fmt.Fprintf(h, "river\x00%d\x00%d\x00", database.RiverMigrationVersion, database.RiverVersion())
 	return hex.EncodeToString(h.Sum(nil)), err
 }
 

@@ -1,0 +1,20 @@
+package events
+
+import "errors"
+
+// The consumers. Each has its own inbox rows, its own durable consumer on
+// NATS and its own River queue, so one consumer's failures never hold up
+// the other's deliveries.
+const (
+	// ConsumerNotifications writes the customer's message into the mailbox.
+	ConsumerNotifications = "notifications"
+	// ConsumerLedger keeps the per-day projection of cancellations,
+	// refunds and bookings.
+	ConsumerLedger = "ledger"
+)
+
+// Consumers lists every consumer an event is delivered to.
+var Consumers = []string{ConsumerNotifications, ConsumerLedger}
+
+// ErrUnknownConsumer names a consumer that does not exist.
+var ErrUnknownConsumer = errors.New("events: unknown consumer")

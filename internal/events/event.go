@@ -1,0 +1,216 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
+)
+
+// Event types. A type names what happened, past tense, to which aggregate.
+const (
+	TypePolicyCancelled  = "policy.cancelled"
+	TypeBookingConfirmed = "booking.confirmed"
+	TypeBookingReleased  = "booking.released"
+)
+
+// Transports an event can travel on (EVENTS_TRANSPORT).
+const (
+	TransportNATS  = "nats"  // the relay publishes to NATS JetStream
+	TransportRiver = "river" // the writer's transaction inserts River jobs
+)
+
+// Transports lists the transports this build implements.
+var Transports = []string{TransportNATS, TransportRiver}
+
+var (
+	// ErrInvalidEvent: a type, key or payload the outbox would refuse.
+	ErrInvalidEvent = errors.New("events: invalid event")
+	// ErrUnknownTransport names a transport that does not exist.
+	ErrUnknownTransport = errors.New("events: unknown transport")
+)
+
+// Event is one fact a producer publishes, written with Write.
+type Event struct {
+	// ID is the event's identity, assigned by the producer: every consumer
+	// dedupes on it. Zero means Write assigns a new one (a UUIDv7, so ids
+	// written together sit together in the primary key).
+	ID uuid.UUID
+	// Type is what happened (TypePolicyCancelled, …).
+	Type string
+	// Key is the aggregate it happened to: "policy:42", "booking:7".
+	Key string
+	// Payload is marshalled to JSON: PolicyCancelled, BookingChanged, or any
+	// JSON-marshallable value for a type a consumer understands.
+	Payload any
+}
+
+// Message is an event as a consumer receives it.
+type Message struct {
+	ID        uuid.UUID       `json:"id"`
+	Type      string          `json:"type"`
+	Key       string          `json:"key"`
+	Payload   json.RawMessage `json:"payload"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// PolicyCancelled is the payload of policy.cancelled, written in the
+// transaction that marks the policy CANCELLED.
+type PolicyCancelled struct {
+	PolicyID     int64  `json:"policy_id"`
+	PolicyNumber string `json:"policy_number"`
+	UserID       int64  `json:"user_id"`
+	OperationID  int64  `json:"operation_id"`
+	// RefundKey is the refund step's key ("{operation id}:refund"): the
+	// identity of the one refund this cancellation owes.
+	RefundKey string `json:"refund_key"`
+	// RefundAmount is the exact decimal owed back, e.g. "120.00".
+	RefundAmount string    `json:"refund_amount"`
+	CancelledAt  time.Time `json:"cancelled_at"`
+}
+
+// BookingChanged is the payload of booking.confirmed and booking.released.
+type BookingChanged struct {
+	BookingID int64     `json:"booking_id"`
+	SlotID    int64     `json:"slot_id"`
+	UserID    int64     `json:"user_id"`
+	Resource  string    `json:"resource"`
+	StartsAt  time.Time `json:"starts_at"`
+	// At is when the booking was confirmed or released.
+	At time.Time `json:"at"`
+}
+
+// NewPolicyCancelled returns the policy.cancelled event for p.
+func NewPolicyCancelled(p PolicyCancelled) Event {
+	return Event{Type: TypePolicyCancelled, Key: fmt.Sprintf("policy:%d", p.PolicyID), Payload: p}
+}
+
+// NewBookingConfirmed returns the booking.confirmed event for b.
+func NewBookingConfirmed(b BookingChanged) Event {
+	return Event{Type: TypeBookingConfirmed, Key: fmt.Sprintf("booking:%d", b.BookingID), Payload: b}
+}
+
+// NewBookingReleased returns the booking.released event for b.
+func NewBookingReleased(b BookingChanged) Event {
+	return Event{Type: TypeBookingReleased, Key: fmt.Sprintf("booking:%d", b.BookingID), Payload: b}
+}
+
+// The crash points of the events package, in the order an event passes them.
+const (
+	// CrashAfterOutboxInsert: the outbox row is written inside the
+	// business transaction, which has not committed: a crash here loses the
+	// change and its event together.
+	CrashAfterOutboxInsert crash.Point = "after_outbox_insert"
+	// CrashRelayAfterPublishBeforeMark: the broker acknowledged the publish;
+	// the row is still PENDING. The next relay publishes it again — the
+	// contract — and the broker's dedupe window or the inbox absorbs it.
+	CrashRelayAfterPublishBeforeMark crash.Point = "relay_after_publish_before_mark"
+	// CrashConsumerAfterCommitBeforeAck: the consumer's effect and inbox row
+	// are committed; the transport was never told. It delivers again and
+	// the inbox answers "applied already".
+	CrashConsumerAfterCommitBeforeAck crash.Point = "consumer_after_commit_before_ack"
+)
+
+// CrashPoints lists them for the crash switch.
+var CrashPoints = []crash.Point{CrashAfterOutboxInsert, CrashRelayAfterPublishBeforeMark, CrashConsumerAfterCommitBeforeAck}
+
+// writeCrash is the switch Write passes CrashAfterOutboxInsert to. Write is
+// called from every workflow's transaction, so the switch is process-wide:
+// run() sets it once (SetCrashSwitch).
+var writeCrash atomic.Pointer[crash.Switch]
+
+// SetCrashSwitch makes Write pass CrashAfterOutboxInsert to s.
+func SetCrashSwitch(s *crash.Switch) { writeCrash.Store(s) }
+
+var (
+	typePattern = regexp.MustCompile(`^[a-z]+(\.[a-z_]+)+$`)
+	keyPattern  = regexp.MustCompile(`^[a-z_]+:.+$`)
+)
+
+const sqlWrite = `
+WITH written AS (
+    INSERT INTO outbox (id, type, key, payload, transport, status, sent_at)
+    SELECT $1, $2, $3, $4, c.transport,
+           -- River's job commits with this row: nothing is left to relay
+           CASE WHEN c.transport = 'river' THEN 'SENT' ELSE 'PENDING' END,
+           CASE WHEN c.transport = 'river' THEN clock_timestamp() END
+      FROM events_config c
+    RETURNING transport, created_at
+)
+SELECT transport, created_at,
+       -- wakes a listening relay when the writer commits (polling is the guarantee)
+       pg_notify('idemlab_outbox', transport)
+  FROM written`
+
+// Write records e in the outbox inside tx — the caller's business
+// transaction — and returns its id. The event exists exactly when the
+// change it describes commits. With the River transport it also inserts
+// one River job per consumer in tx (the outbox is then the queue itself).
+// Errors: ErrInvalidEvent; a duplicate id is a unique violation (the
+// producer wrote this event already), returned wrapped.
+func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
+	if e.ID == uuid.Nil {
+		e.ID = uuid.Must(uuid.NewV7())
+	}
+	if !typePattern.MatchString(e.Type) {
+		return uuid.Nil, fmt.Errorf("%w: type %q is not like policy.cancelled", ErrInvalidEvent, e.Type)
+	}
+	if !keyPattern.MatchString(e.Key) {
+		return uuid.Nil, fmt.Errorf("%w: key %q is not like policy:42", ErrInvalidEvent, e.Key)
+	}
+	payload, err := json.Marshal(e.Payload)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("%w: payload: %v", ErrInvalidEvent, err)
+	}
+	var transport string
+	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload}
+	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload).Scan(&transport, &m.CreatedAt, nil); err != nil {
+		return uuid.Nil, fmt.Errorf("events: write %s %s: %w", e.Type, e.Key, err)
+	}
+	if transport == TransportRiver {
+		if err := insertJobs(ctx, tx, m); err != nil {
+			return uuid.Nil, err
+		}
+	}
+	writeCrash.Load().At(ctx, CrashAfterOutboxInsert)
+	return e.ID, nil
+}
+
+// ParseTransport returns the transport named s ("" is NATS).
+func ParseTransport(s string) (string, error) {
+	if s == "" {
+		return TransportNATS, nil
+	}
+	if !slices.Contains(Transports, s) {
+		return "", fmt.Errorf("%w %q (want %s)", ErrUnknownTransport, s, strings.Join(Transports, " or "))
+	}
+	return s, nil
+}
+
+// SetTransport records which transport this database's events travel on
+// from now on; rows already written keep theirs. The app calls it at start.
+func SetTransport(ctx context.Context, db database.DBTX, transport string) error {
+	if _, err := ParseTransport(transport); err != nil {
+		return err
+	}
+	_, err := db.Exec(ctx, `
+		UPDATE events_config
+		   SET transport = $1,
+		       updated_at = now()
+		 WHERE transport <> $1 -- unchanged: no write`, transport)
+	if err != nil {
+		return fmt.Errorf("events: set transport: %w", err)
+	}
+	return nil
+}
