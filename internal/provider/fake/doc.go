@@ -2,7 +2,10 @@
 // service with its own API, its own durable state (the fake_provider schema)
 // and every failure a caller cannot tell apart, on demand and
 // deterministically. It is to package provider what net/http/httptest is to
-// net/http.
+// net/http. The fault machinery — modes, scripts, overrides, flaky draws,
+// holding connections, deadline refusals, the control API — is
+// internal/fault's, shared with the payments fake; this package adds the
+// cancellations and the effects ledger.
 //
 // # A key's life
 //
@@ -18,35 +21,26 @@
 //	     │ refused (reject)
 //	     └────────────────────────────► REJECTED
 //
-//	error and drop leave the key NOT_STARTED: nothing is recorded.
+//	error, drop and a call arriving after its Request-Deadline leave the key
+//	NOT_STARTED: nothing is recorded but, for the late call, its refusal.
 //
 // # Modes
 //
-// The fault governing a call is, in order: the oldest matching script entry
-// (PUT with "next": N queues one for the next N calls), the policy's override
-// ("policy_id": n), the global fault ("policy_id": null). Flaky draws one of
-// the concrete modes per call from its seed, its weights and its call
-// number, so a seed replays the same sequence.
+// The table is in internal/fault's doc. A call is governed by the oldest
+// matching script entry, then its policy's override ("policy_id": n), then
+// the global fault. A slow call's effect row is written at acceptance with
+// applied_at = completes_at, so it is durable at once and counts in the
+// ledger from its completion on. Once a call has arrived it is processed to
+// the end whether or not the caller stays, so a latency beyond the caller's
+// timeout turns ok into a lost response.
 //
-//	mode           provider does                        caller sees        truth afterwards
-//	ok             applies the effect                   200 COMPLETED      COMPLETED
-//	reject         records the refusal, no effect       422 REJECTED       REJECTED
-//	error          nothing                              503                NOT_STARTED
-//	drop           nothing; holds the connection        its own timeout    NOT_STARTED
-//	lost_response  applies the effect; holds            its own timeout    COMPLETED
-//	slow           accepts; answers at completion       timeout if slow_ms RUNNING, then
-//	               (slow_ms later)                      > its timeout      COMPLETED
-//	flaky          one of the above, drawn per call
+// # Deadlines
 //
-// "Holds" is real: the handler keeps the connection open without a byte of
-// answer until the caller gives up, the provider is closed, or Options.HoldCap
-// passes, then aborts the connection. A slow call's effect row is written at
-// acceptance with applied_at = completes_at, so it is durable at once and
-// counts in the ledger from its completion on.
-//
-// latency_ms delays every answer that would be sent. Once a call has
-// arrived it is processed to the end whether or not the caller stays, so a
-// latency beyond the caller's timeout turns ok into a lost response.
+// A cancellation arriving after its Request-Deadline is answered 408
+// deadline_passed before any fault is consulted: nothing applied, the key
+// stays NOT_STARTED (or keeps the truth an earlier, on-time call gave it),
+// and GET /v1/effects lists it under "late". That is what makes NOT_STARTED
+// conclusive for a caller once every deadline it sent has passed.
 //
 // # Idempotency switch
 //
@@ -64,8 +58,7 @@
 //     many copies of a call race: the first INSERT … ON CONFLICT on the
 //     request's primary key wins and the others wait for its commit, then
 //     take the repeat path.
-//   - Each script entry is used exactly as many times as its "next", across
-//     all replicas (a row lock on the head entry).
+//   - No call arriving after its deadline writes a request or an effect.
 //   - A call that timed out at the caller leaves no goroutine behind: every
 //     held handler returns once its caller's connection closes.
 //

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/provider"
 )
 
@@ -24,20 +25,15 @@ type call struct {
 	key      string
 	policyID int64
 	reason   string
-	fault    callFault
+	fault    fault.Call
 }
 
 // accepted reports whether the call's mode carries out the cancellation
 // (now, or after slow_ms); reject refuses it.
-func (c call) accepted() bool { return c.fault.mode != ModeReject }
+func (c call) accepted() bool { return c.fault.Accepted() }
 
 // completesIn is how long after receipt an accepted call completes.
-func (c call) completesIn() time.Duration {
-	if c.fault.mode == ModeSlow {
-		return c.fault.slow
-	}
-	return 0
-}
+func (c call) completesIn() time.Duration { return c.fault.CompletesIn() }
 
 // request is the provider's record of a key, with its truth computed at read time.
 type request struct {
@@ -90,7 +86,7 @@ func (p *Provider) receive(ctx context.Context, c call) (request, error) {
 			if policyID != c.policyID {
 				return errKeyReused // rolls back the attempt count too
 			}
-			if !c.fault.idempotent && c.accepted() {
+			if !c.fault.Idempotent && c.accepted() {
 				if err := applyEffect(ctx, tx, c); err != nil {
 					return err
 				}
@@ -228,6 +224,9 @@ type Effects struct {
 	// Pending counts effects of slow calls accepted but not yet complete.
 	Pending  int64          `json:"pending"`
 	ByPolicy []PolicyEffect `json:"by_policy"`
+	// Late lists the calls refused for arriving after their deadline
+	// (nothing applied); left out when there are none.
+	Late *fault.LateArrivals `json:"late,omitempty"`
 }
 
 // PolicyEffect is one policy's line in the ledger. Count above 1 is a double
@@ -268,233 +267,27 @@ func (p *Provider) effects(ctx context.Context, at *time.Time) (Effects, error) 
 		e.Total += pe.Count
 		e.Pending += pe.Pending
 	}
+	late, err := p.faults.Late(ctx, p.pool)
+	if err != nil {
+		return Effects{}, fmt.Errorf("fake: effects: %w", err)
+	}
+	if late.Total > 0 {
+		e.Late = &late
+	}
 	return e, nil
 }
 
-// resolveFault decides which fault governs the next call for policyID:
-// the oldest matching script entry (using it up by one), else the policy's
-// override, else the global fault; a flaky fault is then drawn down to a
-// concrete mode.
-func (p *Provider) resolveFault(ctx context.Context, policyID int64) (callFault, error) {
-	var f Fault
-	var draw int64
-	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		var scripted bool
-		var err error
-		f, draw, scripted, err = takeScriptEntry(ctx, tx, policyID)
-		if err != nil || scripted {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `
-			SELECT mode, idempotent, slow_ms, latency_ms, seed, weights, policy_id
-			  FROM fake_provider.faults
-			 WHERE policy_id = $1 OR policy_id IS NULL
-			 ORDER BY policy_id NULLS LAST -- the override, when there is one
-			 LIMIT 1`, policyID).
-			Scan(&f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.Seed, &f.Weights, &f.PolicyID); err != nil {
-			return err
-		}
-		if f.Mode != ModeFlaky {
-			return nil
-		}
-		// Each flaky call takes the next number of its fault's sequence; the
-		// row lock hands out each number once, across replicas.
-		return tx.QueryRow(ctx, `
-			UPDATE fake_provider.faults
-			   SET draws = draws + 1
-			 WHERE policy_id IS NOT DISTINCT FROM $1
-			RETURNING draws`, f.PolicyID).Scan(&draw)
-	})
-	if err != nil {
-		return callFault{}, fmt.Errorf("fake: resolve fault: %w", err)
-	}
-	mode := f.Mode
-	if mode == ModeFlaky {
-		mode = f.Weights.draw(f.Seed, draw)
-	}
-	return callFault{
-		mode:       mode,
-		idempotent: f.Idempotent,
-		slow:       time.Duration(f.SlowMS) * time.Millisecond,
-		latency:    time.Duration(f.LatencyMS) * time.Millisecond,
-	}, nil
-}
-
-// takeScriptEntry uses up one call of the oldest script entry matching
-// policyID, if any, and returns it with its draw number.
-func takeScriptEntry(ctx context.Context, tx pgx.Tx, policyID int64) (f Fault, draw int64, ok bool, err error) {
-	var id int64
-	var remaining int
-	err = tx.QueryRow(ctx, `
-		UPDATE fake_provider.fault_script
-		   SET remaining = remaining - 1,
-		       draws = draws + 1
-		 WHERE id = (
-		        SELECT id
-		          FROM fake_provider.fault_script
-		         WHERE remaining > 0
-		           AND (policy_id IS NULL OR policy_id = $1)
-		         ORDER BY id
-		         LIMIT 1
-		           -- concurrent calls queue on the head entry; when it is used
-		           -- up, the recheck skips it and the next entry is taken
-		           FOR UPDATE
-		       )
-		RETURNING id, remaining, mode, idempotent, slow_ms, latency_ms, seed, weights, draws`, policyID).
-		Scan(&id, &remaining, &f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.Seed, &f.Weights, &draw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Fault{}, 0, false, nil
-	}
-	if err != nil {
-		return Fault{}, 0, false, err
-	}
-	if remaining == 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM fake_provider.fault_script WHERE id = $1`, id); err != nil {
-			return Fault{}, 0, false, err
-		}
-	}
-	return f, draw, true, nil
-}
-
-// statusFault returns how status queries behave: the global fault's
-// status_mode and latency.
-func (p *Provider) statusFault(ctx context.Context) (StatusMode, time.Duration, error) {
-	var mode StatusMode
-	var latencyMS int
-	err := p.pool.QueryRow(ctx, `
-		SELECT status_mode, latency_ms
-		  FROM fake_provider.faults
-		 WHERE policy_id IS NULL`).Scan(&mode, &latencyMS)
-	if err != nil {
-		return "", 0, fmt.Errorf("fake: status fault: %w", err)
-	}
-	return mode, time.Duration(latencyMS) * time.Millisecond, nil
-}
-
-// Faults returns the whole fault configuration.
-func (p *Provider) Faults(ctx context.Context) (Config, error) {
-	cfg, err := readConfig(ctx, p.pool)
-	if err != nil {
-		return Config{}, fmt.Errorf("fake: faults: %w", err)
-	}
-	return cfg, nil
-}
-
-func readConfig(ctx context.Context, db database.DBTX) (Config, error) {
-	cfg := Config{Overrides: []Fault{}, Script: []Fault{}}
-	rows, err := db.Query(ctx, `
-		SELECT policy_id, mode, idempotent, slow_ms, latency_ms, status_mode, seed, weights
-		  FROM fake_provider.faults
-		 ORDER BY policy_id NULLS FIRST`)
-	if err != nil {
-		return Config{}, err
-	}
-	faults, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Fault, error) {
-		var f Fault
-		err := row.Scan(&f.PolicyID, &f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.StatusMode, &f.Seed, &f.Weights)
-		return f, err
-	})
-	if err != nil {
-		return Config{}, err
-	}
-	for _, f := range faults {
-		if f.PolicyID == nil {
-			cfg.Global = f
-			continue
-		}
-		f.StatusMode = "" // provider-wide: only the global fault's counts
-		cfg.Overrides = append(cfg.Overrides, f)
-	}
-
-	rows, err = db.Query(ctx, `
-		SELECT policy_id, mode, idempotent, slow_ms, latency_ms, seed, weights, remaining
-		  FROM fake_provider.fault_script
-		 WHERE remaining > 0
-		 ORDER BY id`)
-	if err != nil {
-		return Config{}, err
-	}
-	cfg.Script, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Fault, error) {
-		var f Fault
-		err := row.Scan(&f.PolicyID, &f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.Seed, &f.Weights, &f.Next)
-		return f, err
-	})
-	return cfg, err
-}
-
-// SetFaults applies one fault setting and returns the resulting
-// configuration. With Next > 0 the fault is appended to the script;
-// otherwise it replaces the global fault (PolicyID nil) or the policy's
-// override, and restarts that fault's flaky sequence. An invalid fault
-// returns an error wrapping ErrInvalidFault and changes nothing.
-//
-// Fields are taken as they are (Idempotent false means not idempotent),
-// except that nil Weights and an empty StatusMode take their defaults: to
-// change one thing, start from DefaultFault().
-func (p *Provider) SetFaults(ctx context.Context, f Fault) (Config, error) {
-	if f.Weights == nil {
-		f.Weights = DefaultWeights()
-	}
-	if f.StatusMode == "" {
-		f.StatusMode = StatusOK
-	}
-	if err := f.validate(); err != nil {
-		return Config{}, err
-	}
-	var cfg Config
-	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		var err error
-		if f.Next > 0 {
-			_, err = tx.Exec(ctx, `
-				INSERT INTO fake_provider.fault_script (policy_id, mode, idempotent, slow_ms, latency_ms, seed, weights, remaining)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-				f.PolicyID, f.Mode, f.Idempotent, f.SlowMS, f.LatencyMS, f.Seed, f.Weights, f.Next)
-		} else {
-			_, err = tx.Exec(ctx, `
-				INSERT INTO fake_provider.faults (policy_id, mode, idempotent, slow_ms, latency_ms, status_mode, seed, weights)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-				-- one row per scope (faults_policy_id_key treats NULL as a value): replace it
-				ON CONFLICT (policy_id) DO UPDATE
-				   SET mode = EXCLUDED.mode,
-				       idempotent = EXCLUDED.idempotent,
-				       slow_ms = EXCLUDED.slow_ms,
-				       latency_ms = EXCLUDED.latency_ms,
-				       status_mode = EXCLUDED.status_mode,
-				       seed = EXCLUDED.seed,
-				       weights = EXCLUDED.weights,
-				       draws = 0,
-				       updated_at = now()`,
-				f.PolicyID, f.Mode, f.Idempotent, f.SlowMS, f.LatencyMS, f.StatusMode, f.Seed, f.Weights)
-		}
-		if err != nil {
-			return err
-		}
-		cfg, err = readConfig(ctx, tx)
-		return err
-	})
-	if err != nil {
-		return Config{}, fmt.Errorf("fake: set faults: %w", err)
-	}
-	return cfg, nil
-}
-
-// Reset forgets every request and effect, empties the script, drops the
-// overrides and restores DefaultFault, in one transaction.
+// Reset forgets every request, effect and late arrival, empties the
+// script, drops the overrides and restores DefaultFault, in one transaction.
 func (p *Provider) Reset(ctx context.Context) error {
-	d := DefaultFault()
 	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(`DELETE FROM fake_provider.effects`)
 		batch.Queue(`DELETE FROM fake_provider.requests`)
-		batch.Queue(`DELETE FROM fake_provider.fault_script`)
-		batch.Queue(`DELETE FROM fake_provider.faults WHERE policy_id IS NOT NULL`)
-		batch.Queue(`
-			UPDATE fake_provider.faults
-			   SET mode = $1, idempotent = $2, slow_ms = $3, latency_ms = $4,
-			       status_mode = $5, seed = $6, weights = $7, draws = 0, updated_at = now()
-			 WHERE policy_id IS NULL`,
-			d.Mode, d.Idempotent, d.SlowMS, d.LatencyMS, d.StatusMode, d.Seed, d.Weights)
-		return tx.SendBatch(ctx, batch).Close()
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		return p.faults.Reset(ctx, tx)
 	})
 	if err != nil {
 		return fmt.Errorf("fake: reset: %w", err)
