@@ -3,11 +3,14 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/web"
 )
 
 // config is everything the environment can set. Every field has a default
@@ -24,7 +27,11 @@ type config struct {
 	DemoTokens    string // DEMO_TOKENS: name=token,… overrides
 	InstanceID    string // INSTANCE_ID: names this replica in logs and pages
 	BodyLimit     string // BODY_LIMIT: largest request body, e.g. 1M
-	ShutdownGrace time.Duration
+	// TrustedProxies are the proxies whose X-Forwarded-For and
+	// X-Forwarded-Proto are believed (TRUSTED_PROXIES: addresses or CIDR
+	// ranges, comma-separated). None by default: both headers are ignored.
+	TrustedProxies []*net.IPNet
+	ShutdownGrace  time.Duration
 
 	// The provider. With ProviderURL empty the fake provider runs in this
 	// process on ProviderAddr, and the app still calls it over HTTP.
@@ -76,6 +83,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		CrashMode:  or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
 	var err error
+	if _, err = web.ParseBodyLimit(c.BodyLimit); err != nil {
+		return c, err
+	}
+	if c.TrustedProxies, err = parseNets(getenv("TRUSTED_PROXIES")); err != nil {
+		return c, fmt.Errorf("TRUSTED_PROXIES: %w", err)
+	}
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 8); err != nil {
 		return c, err
 	}
@@ -110,6 +123,35 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, fmt.Errorf("LOG_FORMAT: %q is neither text nor json", c.LogFormat)
 	}
 	return c, nil
+}
+
+// parseNets reads "10.0.0.0/8, 192.0.2.7": CIDR ranges or single addresses.
+func parseNets(spec string) ([]*net.IPNet, error) {
+	var nets []*net.IPNet
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !strings.Contains(item, "/") {
+			ip := net.ParseIP(item)
+			if ip == nil {
+				return nil, fmt.Errorf("%q is neither an address nor a CIDR range", item)
+			}
+			bits := 8 * len(ip.To16())
+			if ip.To4() != nil {
+				ip, bits = ip.To4(), 32
+			}
+			nets = append(nets, &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)})
+			continue
+		}
+		_, n, err := net.ParseCIDR(item)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither an address nor a CIDR range", item)
+		}
+		nets = append(nets, n)
+	}
+	return nets, nil
 }
 
 func or(v, def string) string {

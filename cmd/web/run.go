@@ -138,6 +138,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	app := web.New(web.Config{
 		InstanceID:      cfg.InstanceID,
 		BodyLimit:       cfg.BodyLimit,
+		TrustedProxies:  cfg.TrustedProxies,
 		BookingStrategy: cfg.BookingStrategy,
 		AllowReset:      cfg.AllowReset,
 		OperationLease:  cfg.OperationLease,

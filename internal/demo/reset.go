@@ -30,18 +30,31 @@ const (
 	MaxSlots           = 100000
 )
 
-// ErrInvalidDataset reports a dataset outside the limits.
+// ErrInvalidDataset reports a dataset outside the limits; the error is a
+// *DatasetError naming the field.
 var ErrInvalidDataset = errors.New("demo: invalid dataset")
+
+// DatasetError is one field of a Dataset out of its range.
+type DatasetError struct {
+	Field    string // the JSON name: users, policies_per_user or slots
+	Min, Max int
+}
+
+func (e *DatasetError) Error() string {
+	return fmt.Sprintf("demo: invalid dataset: %s must be %d to %d", e.Field, e.Min, e.Max)
+}
+
+func (e *DatasetError) Unwrap() error { return ErrInvalidDataset }
 
 // Validate reports whether d is within the limits.
 func (d Dataset) Validate() error {
 	switch {
 	case d.Users < 0 || d.Users > MaxUsers:
-		return fmt.Errorf("%w: users must be 0 to %d", ErrInvalidDataset, MaxUsers)
+		return &DatasetError{"users", 0, MaxUsers}
 	case d.PoliciesPerUser < 1 || d.PoliciesPerUser > MaxPoliciesPerUser:
-		return fmt.Errorf("%w: policies_per_user must be 1 to %d", ErrInvalidDataset, MaxPoliciesPerUser)
+		return &DatasetError{"policies_per_user", 1, MaxPoliciesPerUser}
 	case d.Slots < 1 || d.Slots > MaxSlots:
-		return fmt.Errorf("%w: slots must be 1 to %d", ErrInvalidDataset, MaxSlots)
+		return &DatasetError{"slots", 1, MaxSlots}
 	}
 	return nil
 }

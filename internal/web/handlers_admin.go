@@ -2,6 +2,7 @@ package web
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -48,8 +49,10 @@ func (app *App) handleReset(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
-	if errors.Is(err, demo.ErrInvalidDataset) {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset", err.Error())
+	var bad *demo.DatasetError
+	if errors.As(err, &bad) {
+		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset",
+			fmt.Sprintf("%s must be %d to %d", bad.Field, bad.Min, bad.Max)).With("field", bad.Field)
 	}
 	if err != nil {
 		return err

@@ -1,15 +1,11 @@
 package web
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -74,8 +70,6 @@ type cancelBody struct {
 	Reason string `json:"reason"`
 }
 
-const maxReasonLength = 500
-
 // handleCancelPolicy: POST /api/v1/policies/:id/cancel (Idempotency-Key).
 // 200 SUCCEEDED · 202 IN_PROGRESS + Location (outcome unknown; recovery
 // finishes it) · 422 provider-rejected · 409 duplicate-intent · 404.
@@ -89,7 +83,7 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 	if err := decodeOptionalJSON(c, &in); err != nil {
 		return idempotency.Reject(err) // refused before execution: nothing stored
 	}
-	if err := validateReason(in.Reason); err != nil {
+	if err := validText("reason", in.Reason, maxTextLength); err != nil {
 		return idempotency.Reject(err)
 	}
 	ctx := c.Request().Context()
@@ -144,41 +138,6 @@ func cancelAnswer(op policies.Operation) (idempotency.Response, error) {
 
 func operationURL(id int64) string { return fmt.Sprintf("/api/v1/operations/%d", id) }
 
-// decodeOptionalJSON decodes a JSON body into v; an empty body leaves v as
-// it is. Unknown fields and trailing data are errors, so a typo in a field
-// name is not silently ignored.
-func decodeOptionalJSON(c echo.Context, v any) error {
-	body, err := io.ReadAll(c.Request().Body)
-	if err != nil {
-		return err
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil
-	}
-	ct := c.Request().Header.Get(echo.HeaderContentType)
-	if mt, _, _ := mime.ParseMediaType(ct); mt != echo.MIMEApplicationJSON {
-		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-			"send the body as application/json")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON", "the body is not valid JSON for this request: "+err.Error())
-	}
-	if dec.More() {
-		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON", "the body has data after the JSON value")
-	}
-	return nil
-}
-
-func validateReason(reason string) error {
-	if len(reason) > maxReasonLength || !utf8.ValidString(reason) {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid reason",
-			fmt.Sprintf("reason must be valid UTF-8 text of at most %d bytes", maxReasonLength)).With("field", "reason")
-	}
-	return nil
-}
-
 // handlePolicyPage: GET /policies/:id — the policy and its cancel form.
 func (app *App) handlePolicyPage(c echo.Context) error {
 	u, _ := userFrom(c)
@@ -214,7 +173,7 @@ func (app *App) handleCancelPolicyForm(c echo.Context) error {
 		return err
 	}
 	reason := c.FormValue("reason")
-	if err := validateReason(reason); err != nil {
+	if err := validText("reason", reason, maxTextLength); err != nil {
 		return idempotency.Reject(err)
 	}
 	ctx := c.Request().Context()

@@ -282,7 +282,7 @@ func (app *App) resolveRequest(c echo.Context, in resolveBody) (policies.Resolve
 		return policies.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
 			"seen_updated_at must be the operation's updated_at as you saw it").With("field", "seen_updated_at")
 	}
-	if err := validateReason(in.Note); err != nil {
+	if err := validText("note", in.Note, maxTextLength); err != nil {
 		return policies.ResolveRequest{}, err
 	}
 	u, _ := userFrom(c)

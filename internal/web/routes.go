@@ -1,8 +1,9 @@
 package web
 
 import (
+	"net/http"
+
 	"github.com/labstack/echo/v4"
-	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/idemlab/idemlab/views"
 )
@@ -12,11 +13,13 @@ func (app *App) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = app.handleError
+	trustedProxies(e, app.cfg.TrustedProxies)
 
-	// Every request: an id, a log line, panic recovery, metrics, a body
-	// limit, secure headers.
-	e.Use(middleware.RequestID(), app.logRequests, recoverPanics(), app.metrics.measure,
-		middleware.BodyLimit(app.cfg.BodyLimit), secureHeaders())
+	// Every request, in this order: secure headers (on every answer, a
+	// refusal too), an id, a log line, panic recovery, metrics, the body
+	// read in full under its limit, and 405 for a method the path lacks.
+	e.Use(secureHeaders, requestID, app.logRequests, recoverPanics(), app.metrics.measure,
+		limitBody(app.bodyLimit), refuseOtherMethods)
 
 	// Operations.
 	e.GET("/healthz", app.handleHealthz) // the process is up
@@ -25,7 +28,7 @@ func (app *App) routes() *echo.Echo {
 	e.StaticFS("/static", views.Static) // vendored htmx and Pico, app.css, app.js
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
-	api := e.Group("/api/v1", app.authenticateBearer)
+	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}
 	api.GET("/policies", app.handleListPolicies)                                                                        // the caller's policies, ?status=, paginated
 	api.GET("/policies/:id", app.handleGetPolicy)                                                                       // one of the caller's policies
 	api.GET("/slots", app.handleListSlots)                                                                              // every slot, ?status=, paginated
@@ -89,4 +92,31 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                   // the race lab
 	e.POST("/labs/race", app.handleRunRace, signedIn...)                      // run a race (htmx swaps the result panel)
 	return e
+}
+
+// routeGroup registers routes under a prefix with middleware in front of
+// each. Unlike an echo.Group with middleware, it adds no catch-all route:
+// Echo's groups route every unknown path and method under their prefix to a
+// 404 so that the group's middleware runs, which would hide 405.
+type routeGroup struct {
+	e          *echo.Echo
+	prefix     string
+	middleware []echo.MiddlewareFunc
+}
+
+func (g routeGroup) add(method, path string, h echo.HandlerFunc, m []echo.MiddlewareFunc) {
+	all := append(g.middleware[:len(g.middleware):len(g.middleware)], m...)
+	g.e.Add(method, g.prefix+path, h, all...)
+}
+
+func (g routeGroup) GET(path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) {
+	g.add(http.MethodGet, path, h, m)
+}
+
+func (g routeGroup) POST(path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) {
+	g.add(http.MethodPost, path, h, m)
+}
+
+func (g routeGroup) PUT(path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) {
+	g.add(http.MethodPut, path, h, m)
 }

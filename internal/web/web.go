@@ -12,11 +12,15 @@
 package web
 
 import (
+	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/gommon/bytes"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemlab/idemlab/internal/crash"
@@ -36,6 +40,7 @@ import (
 type Config struct {
 	InstanceID      string         // INSTANCE_ID: names this replica in pages and timelines
 	BodyLimit       string         // BODY_LIMIT: the largest request body, e.g. 1M
+	TrustedProxies  []*net.IPNet   // TRUSTED_PROXIES: whose X-Forwarded-For/-Proto are believed
 	BookingStrategy slots.Strategy // BOOKING_STRATEGY
 	AllowReset      bool           // ALLOW_RESET: POST /api/v1/admin/reset is allowed
 	OperationLease  time.Duration  // OPERATION_LEASE: bounds invariant 6 by default
@@ -74,6 +79,8 @@ type App struct {
 	migrator *database.Migrator
 	sessions *sessionCodec
 	metrics  *metrics
+	// bodyLimit is BODY_LIMIT in bytes.
+	bodyLimit int64
 
 	users    *users.Store
 	policies *policies.Store
@@ -94,17 +101,23 @@ type App struct {
 }
 
 // New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,
-// and the routes.
+// and the routes. It panics on a BodyLimit ParseBodyLimit refuses (cmd/web
+// checks the environment with it first).
 func New(cfg Config, d Deps) *App {
+	limit, err := ParseBodyLimit(cfg.BodyLimit)
+	if err != nil {
+		panic(err)
+	}
 	app := &App{
-		cfg:      cfg,
-		logger:   d.Logger,
-		accounts: d.Accounts,
-		secret:   d.Secret,
-		pool:     d.Pool,
-		migrator: d.Migrator,
-		sessions: newSessionCodec(d.Secret),
-		metrics:  newMetrics(d.Registry, d.Pool),
+		bodyLimit: limit,
+		cfg:       cfg,
+		logger:    d.Logger,
+		accounts:  d.Accounts,
+		secret:    d.Secret,
+		pool:      d.Pool,
+		migrator:  d.Migrator,
+		sessions:  newSessionCodec(d.Secret),
+		metrics:   newMetrics(d.Registry, d.Pool),
 
 		users:    users.NewStore(d.Pool),
 		policies: policies.NewStore(d.Pool),
@@ -122,6 +135,20 @@ func New(cfg Config, d Deps) *App {
 	app.handler = app.routes()
 	return app
 }
+
+// ParseBodyLimit reads a BODY_LIMIT such as 1M or 512K: a size from 1 KiB
+// to 64 MiB.
+func ParseBodyLimit(s string) (int64, error) {
+	n, err := bytes.Parse(s)
+	if err != nil || n < 1<<10 || n > 64<<20 {
+		return 0, fmt.Errorf("BODY_LIMIT: %q is not a size from 1K to 64M", s)
+	}
+	return n, nil
+}
+
+// Routes lists every route the app serves; the hostile-input suite
+// enumerates them, so a route without cases fails it.
+func (app *App) Routes() []*echo.Route { return app.handler.(*echo.Echo).Routes() }
 
 // Handler is the whole HTTP stack.
 func (app *App) Handler() http.Handler { return app.handler }

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The security tests of the HTTP plumbing: methods, body limits, request
+// ids, headers, the words of a refusal. hostile_test.go runs the same
+// kinds of request over every route.
+
+// securityHeaders are on every answer, refusals included.
+var securityHeaders = []string{"X-Content-Type-Options", "X-Frame-Options", "Content-Security-Policy", "Referrer-Policy"}
+
+func assertSecurityHeaders(t *testing.T, what string, h http.Header) {
+	t.Helper()
+	for _, name := range securityHeaders {
+		if h.Get(name) == "" {
+			t.Errorf("%s: no %s header", what, name)
+		}
+	}
+}
+
+func TestWrongMethodIs405WithAllow(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	for _, tc := range []struct{ method, path, allow string }{
+		{"POST", "/api/v1/policies", "GET"},
+		{"DELETE", "/api/v1/policies/1", "GET"},
+		{"HEAD", "/api/v1/slots", "GET"},
+		{"OPTIONS", "/api/v1/slots", "GET"},
+		{"OPTIONS", "/api/v1/policies/1/cancel", "POST"},
+		{"GET", "/api/v1/slots/1/book", "POST"},
+		{"PATCH", "/api/v1/admin/crash", "GET, PUT"},
+		{"PUT", "/signin", "GET, POST"},
+	} {
+		r := s.do(request{Method: tc.method, Path: tc.path, Token: "demo-alice"})
+		if r.Status != http.StatusMethodNotAllowed || r.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q, want 405 Allow %q", tc.method, tc.path, r.Status, r.Header.Get("Allow"), tc.allow)
+		}
+		if strings.HasPrefix(tc.path, "/api/") && tc.method != "HEAD" && r.problemType() != "method-not-allowed" {
+			t.Errorf("%s %s: %s, want problem method-not-allowed", tc.method, tc.path, r.Body)
+		}
+		assertSecurityHeaders(t, tc.method+" "+tc.path, r.Header)
+	}
+	// Unknown paths stay 404, with or without a token.
+	for _, path := range []string{"/api/v1/nothing", "/api/v1/policies/1/nothing"} {
+		if r := s.do(request{Method: "POST", Path: path}); r.Status != http.StatusNotFound || r.problemType() != "not-found" {
+			t.Errorf("POST %s: %d %s, want 404", path, r.Status, r.Body)
+		}
+	}
+}
+
+// chunked is a body whose length the client does not announce: it goes out
+// with Transfer-Encoding: chunked.
+type chunked struct{ r io.Reader }
+
+func (c chunked) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func TestOversizedBodiesAre413EverywherePlainAndChunked(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"BODY_LIMIT": "64K"})
+	big := `{"reason":"` + strings.Repeat("x", 100<<10) + `"}`
+	form := "name=" + strings.Repeat("x", 100<<10)
+	for _, tc := range []struct {
+		path, contentType, body string
+		api                     bool
+	}{
+		{"/api/v1/policies/1/cancel", "application/json", big, true},
+		{"/api/v1/admin/reset", "application/json", big, true},
+		{"/api/v1/nothing-here", "application/json", big, true},
+		{"/signin", "application/x-www-form-urlencoded", form, false},
+		{"/policies/1/cancel", "application/x-www-form-urlencoded", form, false},
+	} {
+		for _, enc := range []string{"plain", "chunked"} {
+			var body io.Reader = strings.NewReader(tc.body)
+			if enc == "chunked" {
+				body = chunked{body}
+			}
+			req, _ := http.NewRequest("POST", s.URL+tc.path, body)
+			req.Header.Set("Content-Type", tc.contentType)
+			req.Header.Set("Authorization", "Bearer demo-admin")
+			req.Header.Set("Idempotency-Key", "k-big-"+enc)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", enc, tc.path, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Errorf("%s %s: %d %s, want 413", enc, tc.path, resp.StatusCode, b)
+				continue
+			}
+			if tc.api && !strings.Contains(string(b), `"type":"body-too-large"`) {
+				t.Errorf("%s %s: %s, want problem body-too-large", enc, tc.path, b)
+			}
+			if strings.Contains(string(b), "code=413") || strings.Contains(string(b), "message=") {
+				t.Errorf("%s %s: the framework's text leaks: %s", enc, tc.path, b)
+			}
+			assertSecurityHeaders(t, enc+" "+tc.path, resp.Header)
+		}
+	}
+}
+
+// rawRequest sends bytes as they are — what net/http's client refuses to
+// send (control characters in headers) — and returns the status line's code.
+func rawRequest(t *testing.T, base, raw string) (int, string) {
+	t.Helper()
+	u, _ := url.Parse(base)
+	conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("raw request: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestHostileRequestIDsAreReplacedNotStored(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	pid := s.policyOf(t, "demo-alice", 1)
+	bad := "req-\xff\xfe-" + strings.Repeat("z", 10) // invalid UTF-8
+	r := s.do(request{Method: "POST", Path: fmt.Sprintf("/api/v1/policies/%d/cancel", pid), Token: "demo-alice",
+		Header: map[string]string{"Idempotency-Key": "k-rid", "X-Request-Id": bad}})
+	if r.Status != http.StatusOK {
+		t.Fatalf("cancel with a hostile X-Request-Id: %d %s", r.Status, r.Body)
+	}
+	id := r.Header.Get("X-Request-Id")
+	if id == "" || id == bad || !validRequestIDForTest(id) {
+		t.Fatalf("X-Request-Id answered %q, want a fresh id", id)
+	}
+	var actors string
+	s.DB.Pool.QueryRow(context.Background(), `SELECT string_agg(actor, ' | ') FROM operation_events`).Scan(&actors)
+	if strings.Contains(actors, "\xff") || !strings.Contains(actors, id) {
+		t.Fatalf("the timeline's actors %q do not carry the replacement id %q", actors, id)
+	}
+	// A good client id is kept, so a client can correlate its logs with ours.
+	if r := s.do(request{Method: "GET", Path: "/healthz", Header: map[string]string{"X-Request-Id": "client-123"}}); r.Header.Get("X-Request-Id") != "client-123" {
+		t.Errorf("a valid X-Request-Id was replaced: %q", r.Header.Get("X-Request-Id"))
+	}
+	// Control characters in a header never reach the app: net/http refuses
+	// the request itself, with a 400.
+	code, _ := rawRequest(t, s.URL, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\x01b\r\nConnection: close\r\n\r\n")
+	if code != http.StatusBadRequest {
+		t.Errorf("a control character in X-Request-Id: %d, want 400", code)
+	}
+}
+
+func validRequestIDForTest(id string) bool {
+	for _, r := range id {
+		if r < 0x21 || r > 0x7E {
+			return false
+		}
+	}
+	return len(id) > 0 && len(id) <= 128
+}
+
+func TestRefusalsSpeakTheAPINotGo(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"ALLOW_RESET": "true"})
+	pid := s.policyOf(t, "demo-alice", 1)
+	cancel := fmt.Sprintf("/api/v1/policies/%d/cancel", pid)
+	long := strings.Repeat("n", 600)
+	for _, tc := range []struct {
+		name         string
+		req          request
+		status       int
+		typ, field   string
+		detailSubstr string
+	}{
+		{"reason of the wrong type", request{Method: "POST", Path: cancel, Token: "demo-alice", Body: `{"reason": 5}`,
+			Header: map[string]string{"Idempotency-Key": "k1"}}, 400, "invalid-json", "reason", "reason must be a string"},
+		{"NUL in reason", request{Method: "POST", Path: cancel, Token: "demo-alice", Body: `{"reason": "a\u0000b"}`,
+			Header: map[string]string{"Idempotency-Key": "k2"}}, 422, "validation-failed", "reason", "control characters"},
+		{"invalid UTF-8 in reason", request{Method: "POST", Path: cancel, Token: "demo-alice", Body: "{\"reason\": \"a\xffb\"}",
+			Header: map[string]string{"Idempotency-Key": "k3"}}, 400, "invalid-json", "", "UTF-8"},
+		{"dataset of the wrong type", request{Method: "POST", Path: "/api/v1/admin/reset", Token: "demo-admin", Body: `{"users": "many"}`},
+			400, "invalid-json", "users", "users must be a whole number"},
+		{"dataset out of range", request{Method: "POST", Path: "/api/v1/admin/reset", Token: "demo-admin", Body: `{"users": 99999999}`},
+			422, "validation-failed", "users", "users must be 0 to 10000"},
+		{"dataset not an object", request{Method: "POST", Path: "/api/v1/admin/reset", Token: "demo-admin", Body: `[1,2]`},
+			400, "invalid-json", "", "users, policies_per_user, slots"},
+		{"unknown field", request{Method: "POST", Path: "/api/v1/slots/1/book", Token: "demo-alice", Body: `{"slot": 1}`,
+			Header: map[string]string{"Idempotency-Key": "k4"}}, 400, "invalid-json", "slot", `"slot" is not a field`},
+		{"a note too long", request{Method: "POST", Path: "/api/v1/admin/operations/1/resolve", Token: "demo-admin",
+			Body:   `{"action":"retry","seen_updated_at":"2026-01-01T00:00:00Z","note":"` + long + `"}`,
+			Header: map[string]string{"Idempotency-Key": "k5"}}, 422, "validation-failed", "note", "note must be at most 500 bytes"},
+		{"a time that is not one", request{Method: "POST", Path: "/api/v1/admin/operations/1/resolve", Token: "demo-admin",
+			Body: `{"action":"retry","seen_updated_at":"yesterday"}`, Header: map[string]string{"Idempotency-Key": "k6"}},
+			400, "invalid-json", "", "RFC 3339"},
+	} {
+		r := s.do(tc.req)
+		var p struct {
+			Type, Detail, Field string
+		}
+		r.JSON(t, &p)
+		if r.Status != tc.status || p.Type != tc.typ || p.Field != tc.field || !strings.Contains(p.Detail, tc.detailSubstr) {
+			t.Errorf("%s: %d %s, want %d %s field %q detail ~%q", tc.name, r.Status, r.Body, tc.status, tc.typ, tc.field, tc.detailSubstr)
+		}
+		assertNoInternals(t, tc.name, string(r.Body))
+	}
+}
+
+// internalWords are what an answer must never carry: Go's type names,
+// package prefixes of errors, the framework's text, addresses.
+var internalWords = []string{"main.", "web.", "demo.", "policies.", "slots.", "json:", "Go struct", "code=", "pgx", "SQLSTATE", "127.0.0.1", "goroutine", "runtime."}
+
+func assertNoInternals(t *testing.T, what, body string) {
+	t.Helper()
+	for _, w := range internalWords {
+		if strings.Contains(body, w) {
+			t.Errorf("%s: the answer shows internals (%q): %s", what, w, body)
+		}
+	}
+}
