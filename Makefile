@@ -12,8 +12,8 @@ GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
 
-run: ## run the app locally (in-process fake provider)
-	go run ./cmd/web serve
+run: ## run the demo locally (DEMO_MODE=true, in-process fake provider)
+	DEMO_MODE=true go run ./cmd/web serve
 
 build: ## build bin/web exactly as the Dockerfile does
 	$(GO_BUILD) -o bin/web ./cmd/web

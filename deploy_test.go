@@ -137,8 +137,8 @@ func TestComposeApp(t *testing.T) {
 	if env(t, app, "SESSION_SECRET") == "" {
 		t.Error("app SESSION_SECRET is empty")
 	}
-	if got := env(t, app, "ALLOW_RESET"); got != "true" {
-		t.Errorf("app ALLOW_RESET = %q, want true", got)
+	if got := env(t, app, "DEMO_MODE"); got != "true" {
+		t.Errorf("app DEMO_MODE = %q, want true", got)
 	}
 	if env(t, app, "INSTANCE_ID") == "" {
 		t.Error("app INSTANCE_ID is empty")

@@ -63,7 +63,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Users, "users", 200, "generated users in the reset dataset")
 	fs.IntVar(&c.PoliciesPerUser, "policies-per-user", 50, "policies each customer owns after the reset")
 	fs.IntVar(&c.Slots, "slots", 8, "slots after the reset (few slots: contention)")
-	fs.BoolVar(&c.Reset, "reset", true, "reset the app's data first (POST /api/v1/admin/reset; the app needs ALLOW_RESET=true); "+
+	fs.BoolVar(&c.Reset, "reset", true, "reset the app's data first (POST /api/v1/admin/reset; the app needs DEMO_MODE=true); "+
 		"false: use the demo customers (tokens demo-alice, demo-bob, demo-carol) and the data as it is")
 	fs.DurationVar(&c.Settle, "settle", 60*time.Second, "at the end, how long to wait for live operations to finish (recovery to drain)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as one JSON object on stdout")

@@ -56,7 +56,7 @@ func loadDataset(ctx context.Context, c *client, cfg config) (*dataset, error) {
 		}
 		in := map[string]int{"users": cfg.Users, "policies_per_user": cfg.PoliciesPerUser, "slots": cfg.Slots}
 		if err := c.admin(ctx, "POST", "/api/v1/admin/reset", in, &out); err != nil {
-			return nil, fmt.Errorf("reset (does the app run with ALLOW_RESET=true?): %w", err)
+			return nil, fmt.Errorf("reset (does the app run with DEMO_MODE=true?): %w", err)
 		}
 		for _, u := range out.Users {
 			if u.Role == "customer" {

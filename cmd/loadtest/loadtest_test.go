@@ -78,7 +78,7 @@ func startApp(t *testing.T) string {
 		"DATABASE_URL="+db.URL,
 		"ADDR=127.0.0.1:0",
 		"PROVIDER_ADDR=127.0.0.1:0",
-		"ALLOW_RESET=true",
+		"DEMO_MODE=true",
 		"SESSION_SECRET=loadtest-smoke-secret-0123456789abcdef",
 		"LOG_LEVEL=warn",
 		// a dropped provider call costs this, not 2 s

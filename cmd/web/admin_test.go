@@ -8,7 +8,7 @@ import (
 
 func TestInvariantsEndpointAndReset(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, map[string]string{"ALLOW_RESET": "true"})
+	s := startServer(t, nil)
 	if r := s.do(request{Method: "GET", Path: "/api/v1/invariants", Token: "demo-alice"}); r.Status != 403 {
 		t.Fatalf("customer: %d", r.Status)
 	}
@@ -70,10 +70,17 @@ func TestInvariantsEndpointAndReset(t *testing.T) {
 	}
 }
 
-func TestResetIsRefusedUnlessAllowed(t *testing.T) {
+// Outside demo mode the reset and the crash switch do not exist.
+func TestResetAndCrashSwitchAreDemoOnly(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, nil)
-	if r := s.do(request{Method: "POST", Path: "/api/v1/admin/reset", Token: "demo-admin"}); r.Status != 403 || r.problemType() != "reset-disabled" {
-		t.Fatalf("reset without ALLOW_RESET: %d %s", r.Status, r.Body)
+	s := startServer(t, map[string]string{"DEMO_MODE": "false"})
+	for _, rq := range []request{
+		{Method: "POST", Path: "/api/v1/admin/reset"},
+		{Method: "GET", Path: "/api/v1/admin/crash"},
+		{Method: "PUT", Path: "/api/v1/admin/crash", Body: `{"at":"after_claim"}`},
+	} {
+		if r := s.do(rq); r.Status != 404 || r.problemType() != "not-found" {
+			t.Errorf("%s %s outside demo mode: %d %s, want 404", rq.Method, rq.Path, r.Status, r.Body)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -57,9 +58,11 @@ type config struct {
 	// the same moment can deadlock (docs/booking.md).
 	BookingStrategy slots.Strategy
 
-	// AllowReset enables POST /api/v1/admin/reset (ALLOW_RESET=true): a
-	// demo and load-test switch, never for production.
-	AllowReset bool
+	// DemoMode (DEMO_MODE=true) makes this a demo: the demo accounts with
+	// their known tokens, one-click "sign in as", the data reset and the
+	// crash switch. Off by default: a binary started without it is run for
+	// real, and people sign in with passwords (docs/api.md "Demo mode").
+	DemoMode bool
 	Recovery   recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
 }
 
@@ -78,11 +81,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 
-		AllowReset: getenv("ALLOW_RESET") == "true",
 		CrashAt:    getenv("CRASH_AT"),
 		CrashMode:  or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
 	var err error
+	switch v := getenv("DEMO_MODE"); v {
+	case "", "false":
+	case "true":
+		c.DemoMode = true
+	default:
+		return c, fmt.Errorf("DEMO_MODE: %q is neither true nor false", v)
+	}
+	if c.CrashAt != "" && !c.DemoMode {
+		return c, errors.New("CRASH_AT: crash points are for demos and tests; set DEMO_MODE=true")
+	}
 	if _, err = web.ParseBodyLimit(c.BodyLimit); err != nil {
 		return c, err
 	}

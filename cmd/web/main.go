@@ -5,6 +5,8 @@
 //	web provider             the fake provider alone
 //	web recover              the recovery loop alone (needs PROVIDER_URL)
 //	web migrate up|down|status
+//	web user set NAME [-role customer|admin] [-token]
+//	                         credentials outside demo mode (PASSWORD from the environment)
 //	web healthcheck          exit 0 when this instance's /healthz answers 200
 //
 // main only calls run; tests call run too, on port 0.

@@ -73,7 +73,7 @@ func (c *childServer) waitExit(t *testing.T, d time.Duration) *os.ProcessState {
 func startChild(t *testing.T, env map[string]string) *childServer {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "IDEMLAB_CHILD=1", "IDEMLAB_CHILD_ARGS=serve")
+	cmd.Env = append(os.Environ(), "IDEMLAB_CHILD=1", "IDEMLAB_CHILD_ARGS=serve", "DEMO_MODE=true")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

@@ -53,8 +53,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, cfg)
+	case "user":
+		return userCommand(ctx, cfg, getenv, logger, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, provider, recover, migrate or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, recover, migrate, user or healthcheck)", cmd)
 	}
 }
 
@@ -82,11 +84,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	defer pool.Close()
 	defer migrator.Close()
 
-	accounts, err := demo.ParseTokens(cfg.DemoTokens)
+	accounts, err := demoData(ctx, cfg, pool)
 	if err != nil {
-		return err
-	}
-	if err := demo.Seed(ctx, pool, accounts, time.Now()); err != nil {
 		return err
 	}
 
@@ -140,7 +139,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		BodyLimit:       cfg.BodyLimit,
 		TrustedProxies:  cfg.TrustedProxies,
 		BookingStrategy: cfg.BookingStrategy,
-		AllowReset:      cfg.AllowReset,
+		DemoMode:        cfg.DemoMode,
 		OperationLease:  cfg.OperationLease,
 		ProviderTimeout: cfg.ProviderTimeout,
 	}, web.Deps{
@@ -205,6 +204,32 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	return nil
 }
 
+// demoData seeds the demo accounts, their policies and a week of slots in
+// demo mode, and returns the accounts. Outside demo mode it seeds nothing
+// and refuses to start while any account still has a demo token: those
+// tokens are printed in the README, so they must not open a real instance.
+func demoData(ctx context.Context, cfg config, pool *pgxpool.Pool) ([]demo.Account, error) {
+	accounts, err := demo.ParseTokens(cfg.DemoTokens)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.DemoMode {
+		names, err := demo.AccountsWithDefaultTokens(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		if len(names) > 0 {
+			return nil, fmt.Errorf("DEMO_MODE is off but %s still open with the public demo tokens: "+
+				"give each a new one (web user set NAME -token) or start with DEMO_MODE=true", strings.Join(names, ", "))
+		}
+		return nil, nil
+	}
+	if err := demo.Seed(ctx, pool, accounts, time.Now()); err != nil {
+		return nil, err
+	}
+	return accounts, nil
+}
+
 // openMigrated opens the pool and applies pending migrations — what every
 // long-running command (serve, provider, recover) does first. Replicas
 // starting together take turns: goose holds a Postgres session lock.
@@ -232,9 +257,11 @@ func banner(w io.Writer, addr net.Addr, providerURL string, accounts []demo.Acco
 	var b strings.Builder
 	fmt.Fprintf(&b, "provider at %s\n", providerURL)
 	fmt.Fprintf(&b, "idemlab listening on http://%s\n", dialable(addr))
-	b.WriteString("demo API tokens (Authorization: Bearer <token>):\n")
-	for _, a := range accounts {
-		fmt.Fprintf(&b, "  %-6s %s\n", a.Name, a.Token)
+	if len(accounts) > 0 {
+		b.WriteString("demo mode; demo API tokens (Authorization: Bearer <token>):\n")
+		for _, a := range accounts {
+			fmt.Fprintf(&b, "  %-6s %s\n", a.Name, a.Token)
+		}
 	}
 	io.WriteString(w, b.String())
 }

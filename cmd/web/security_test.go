@@ -175,7 +175,7 @@ func validRequestIDForTest(id string) bool {
 
 func TestRefusalsSpeakTheAPINotGo(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, map[string]string{"ALLOW_RESET": "true"})
+	s := startServer(t, nil)
 	pid := s.policyOf(t, "demo-alice", 1)
 	cancel := fmt.Sprintf("/api/v1/policies/%d/cancel", pid)
 	long := strings.Repeat("n", 600)

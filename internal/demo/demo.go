@@ -138,3 +138,25 @@ func seedSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
 	}
 	return nil
 }
+
+// AccountsWithDefaultTokens names the accounts whose API token is still one
+// of DefaultAccounts' — public knowledge, fit for a demo only.
+func AccountsWithDefaultTokens(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	var hashes [][]byte
+	for _, a := range DefaultAccounts() {
+		hashes = append(hashes, users.HashToken(a.Token))
+	}
+	rows, err := pool.Query(ctx, `
+		SELECT name
+		  FROM users
+		 WHERE api_token_sha256 = ANY($1)
+		 ORDER BY name`, hashes)
+	if err != nil {
+		return nil, fmt.Errorf("demo: check tokens: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("demo: check tokens: %w", err)
+	}
+	return names, nil
+}

@@ -59,7 +59,7 @@ func (d Dataset) Validate() error {
 	return nil
 }
 
-// Reset wipes every business table — users, policies, operations and their
+// Reset wipes every business table — users (and their sessions), policies, operations and their
 // timelines, idempotency keys, slots, bookings — and seeds d in one
 // transaction, ids starting again at 1, so a load test starts from the same
 // data every time. The demo accounts keep their tokens; generated users
@@ -79,7 +79,7 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
+			TRUNCATE sessions, operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
 			RESTART IDENTITY`)
 		if err != nil {
 			return fmt.Errorf("demo: reset: %w", err)

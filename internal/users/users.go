@@ -89,10 +89,10 @@ func (s *Store) List(ctx context.Context) ([]User, error) {
 	return list, nil
 }
 
-func (s *Store) one(ctx context.Context, sql string, arg any) (User, error) {
+func (s *Store) one(ctx context.Context, sql string, args ...any) (User, error) {
 	var u User
-	err := s.db.QueryRow(ctx, sql, arg).Scan(&u.ID, &u.Name, &u.Role)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := s.db.QueryRow(ctx, sql, args...).Scan(&u.ID, &u.Name, &u.Role)
+	if isNoRows(err) {
 		return User{}, ErrNotFound
 	}
 	if err != nil {
@@ -100,3 +100,5 @@ func (s *Store) one(ctx context.Context, sql string, arg any) (User, error) {
 	}
 	return u, nil
 }
+
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

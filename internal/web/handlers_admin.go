@@ -36,13 +36,9 @@ func (app *App) handlePutCrash(c echo.Context) error {
 
 // handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
 // "slots": S} — wipe and reseed a repeatable data set, and reset the
-// provider. Refused (403 reset-disabled) unless ALLOW_RESET=true. The same
-// reset twice leaves the same state, so it takes no Idempotency-Key.
+// provider. Demo mode only (routes.go). The same reset twice leaves the
+// same state, so it takes no Idempotency-Key.
 func (app *App) handleReset(c echo.Context) error {
-	if !app.cfg.AllowReset {
-		return problem.New(http.StatusForbidden, "reset-disabled", "Reset is disabled",
-			"start the app with ALLOW_RESET=true to allow resetting its data")
-	}
 	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: 7 * 8 * len(demo.Resources)}
 	if err := decodeOptionalJSON(c, &d); err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -17,42 +16,69 @@ func (app *App) handleHome(c echo.Context) error {
 	return render(c, http.StatusOK, views.HomePage(app.page(c, "Home", "")))
 }
 
+// handleSignInPage: GET /signin — in demo mode a button per demo account,
+// otherwise a name and password form.
 func (app *App) handleSignInPage(c echo.Context) error {
-	list, err := app.users.List(c.Request().Context())
+	v, err := app.signInView(c)
 	if err != nil {
 		return err
 	}
-	accounts := make([]views.Account, 0, len(list))
+	return render(c, http.StatusOK, views.SignInPage(app.page(c, "Sign in", ""), v))
+}
+
+func (app *App) signInView(c echo.Context) (views.SignIn, error) {
+	v := views.SignIn{Demo: app.cfg.DemoMode}
+	if !v.Demo {
+		return v, nil
+	}
+	list, err := app.users.List(c.Request().Context())
+	if err != nil {
+		return v, err
+	}
 	for _, u := range list {
 		if strings.HasPrefix(u.Name, slots.RacerPrefix) {
 			continue // the race lab's users: no one signs in as them
 		}
-		accounts = append(accounts, views.Account{Name: u.Name, IsAdmin: u.IsAdmin()})
+		v.Accounts = append(v.Accounts, views.Account{Name: u.Name, IsAdmin: u.IsAdmin()})
 	}
-	return render(c, http.StatusOK, views.SignInPage(app.page(c, "Sign in", ""), accounts))
+	return v, nil
 }
 
-// handleSignIn signs the browser in as a demo user: a signed, HttpOnly,
-// SameSite cookie, then POST/redirect/GET to the policies.
+// maxNameLength bounds the name typed into the sign-in form.
+const maxNameLength = 64
+
+// handleSignIn: POST /signin — in demo mode the name alone signs in ("sign
+// in as"); otherwise the name and its password (bcrypt, users.ByPassword).
+// Either way a new server-side session starts (session.go), then
+// POST/redirect/GET. A failure is the sign-in page again with a message;
+// it never says whether the name exists.
 func (app *App) handleSignIn(c echo.Context) error {
-	u, err := app.users.ByName(c.Request().Context(), c.FormValue("name"))
-	if errors.Is(err, users.ErrNotFound) {
-		return render(c, http.StatusUnprocessableEntity,
-			views.ErrorPage(app.page(c, "Sign in", ""), http.StatusUnprocessableEntity, "There is no demo user of that name."))
+	name := c.FormValue("name")
+	if err := validText("name", name, maxNameLength); err != nil {
+		return app.signInRefused(c, http.StatusUnprocessableEntity, name,
+			"A name is at most 64 characters of text, without control characters.")
 	}
-	if err != nil {
+	ctx := c.Request().Context()
+	var (
+		u   users.User
+		err error
+	)
+	if app.cfg.DemoMode {
+		u, err = app.users.ByName(ctx, name)
+	} else {
+		u, err = app.users.ByPassword(ctx, name, c.FormValue("password"))
+	}
+	switch {
+	case errors.Is(err, users.ErrNotFound):
+		return app.signInRefused(c, http.StatusUnprocessableEntity, "", "There is no demo user of that name.")
+	case errors.Is(err, users.ErrWrongPassword):
+		return app.signInRefused(c, http.StatusUnauthorized, name, "Wrong name or password.")
+	case err != nil:
 		return err
 	}
-	expires := time.Now().Add(sessionTTL)
-	c.SetCookie(&http.Cookie{
-		Name:     sessionCookie,
-		Value:    app.sessions.encode(u.ID, expires),
-		Path:     "/",
-		Expires:  expires,
-		HttpOnly: true,
-		Secure:   c.IsTLS(),
-		SameSite: http.SameSiteLaxMode, // sent on top-level navigation to the app, not on cross-site posts
-	})
+	if err := app.signIn(c, u); err != nil {
+		return err
+	}
 	dest := "/policies"
 	if u.IsAdmin() {
 		dest = "/"
@@ -60,7 +86,27 @@ func (app *App) handleSignIn(c echo.Context) error {
 	return c.Redirect(http.StatusSeeOther, dest)
 }
 
+func (app *App) signInRefused(c echo.Context, status int, name, msg string) error {
+	v, err := app.signInView(c)
+	if err != nil {
+		return err
+	}
+	if !v.Demo {
+		v.Name = name
+	}
+	v.Error = msg
+	p := app.page(c, "Sign in", "")
+	if v.Demo {
+		p.Flash = msg
+	}
+	return render(c, status, views.SignInPage(p, v))
+}
+
+// handleSignOut: POST /signout — the session ends on the server, for every
+// replica, and the cookie is cleared.
 func (app *App) handleSignOut(c echo.Context) error {
-	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteLaxMode})
+	if err := app.signOut(c); err != nil {
+		return err
+	}
 	return c.Redirect(http.StatusSeeOther, "/")
 }

@@ -66,9 +66,10 @@ func (app *App) click(c echo.Context, policyID int64, key string) views.LabClick
 	req := httptest.NewRequestWithContext(context.WithoutCancel(c.Request().Context()),
 		http.MethodPost, fmt.Sprintf("/policies/%d/cancel", policyID), strings.NewReader(form.Encode()))
 	req.Header.Set(echo.HeaderContentType, echo.MIMEApplicationForm)
-	// The same browser: its session and CSRF cookies, and the fetch
-	// metadata its CSRF check relied on (Sec-Fetch-Site, Origin).
-	for _, h := range []string{"Cookie", echo.HeaderSecFetchSite, echo.HeaderOrigin} {
+	// The same browser: its session and CSRF cookies, its address and what
+	// a trusted proxy said about it (the cookies' names depend on the scheme).
+	req.RemoteAddr = c.Request().RemoteAddr
+	for _, h := range []string{"Cookie", echo.HeaderXForwardedFor, echo.HeaderXForwardedProto} {
 		if v := c.Request().Header.Get(h); v != "" {
 			req.Header.Set(h, v)
 		}

@@ -93,26 +93,6 @@ func unauthenticated(c echo.Context, detail string) error {
 	return problem.New(http.StatusUnauthorized, "unauthenticated", "Authentication required", detail)
 }
 
-// loadSession reads the signed session cookie of a browser request. It
-// never refuses: pages decide with requireSignIn whether they need a user.
-func (app *App) loadSession(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		ck, err := c.Cookie(sessionCookie)
-		if err == nil {
-			if id, ok := app.sessions.decode(ck.Value, time.Now()); ok {
-				u, err := app.users.ByID(c.Request().Context(), id)
-				if err != nil && !errors.Is(err, users.ErrNotFound) {
-					return err
-				}
-				if err == nil {
-					c.Set(userKey, u)
-				}
-			}
-		}
-		return next(c)
-	}
-}
-
 // requireSignIn sends signed-out visitors to the sign-in page.
 func requireSignIn(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
@@ -131,28 +111,6 @@ func requireAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
-}
-
-// csrfProtection guards every cookie-authenticated form. Forms send the
-// token as the hidden field _csrf, htmx as the X-CSRF-Token header. A
-// missing or wrong token is 403 whatever the reason.
-func csrfProtection() echo.MiddlewareFunc {
-	return middleware.CSRFWithConfig(middleware.CSRFConfig{
-		TokenLookup:    "form:_csrf,header:X-CSRF-Token",
-		CookieName:     "idemlab_csrf",
-		CookiePath:     "/",
-		CookieHTTPOnly: true,
-		CookieSameSite: http.SameSiteStrictMode,
-		ErrorHandler: func(err error, c echo.Context) error {
-			return problem.New(http.StatusForbidden, "csrf-token-invalid", "Form expired or forged",
-				"the form's CSRF token is missing or wrong; reload the page and try again")
-		},
-	})
-}
-
-func csrfToken(c echo.Context) string {
-	t, _ := c.Get(middleware.DefaultCSRFConfig.ContextKey).(string)
-	return t
 }
 
 // secureHeaders sets the headers every response carries — refusals

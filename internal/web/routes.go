@@ -42,13 +42,17 @@ func (app *App) routes() *echo.Echo {
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
 	api.GET("/invariants", app.handleInvariants, requireAdmin)               // every invariant of DESIGN.md, checked with SQL
-	api.POST("/admin/reset", app.handleReset, requireAdmin)                  // wipe and reseed a dataset (ALLOW_RESET=true)
-	api.GET("/admin/crash", app.handleGetCrash, requireAdmin)                // the crash point armed on this instance
-	api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                // arm or disarm a crash point
 	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration
 	api.PUT("/provider/faults", app.handlePutProviderFaults, requireAdmin)   // set one fault: global, override or script entry
 	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy
 	api.POST("/provider/reset", app.handleResetProvider, requireAdmin)       // forget everything, default faults
+
+	// Demo mode only (DEMO_MODE=true): without it these paths do not exist.
+	if app.cfg.DemoMode {
+		api.POST("/admin/reset", app.handleReset, requireAdmin)   // wipe and reseed a dataset
+		api.GET("/admin/crash", app.handleGetCrash, requireAdmin) // the crash point armed on this instance
+		api.PUT("/admin/crash", app.handlePutCrash, requireAdmin) // arm or disarm a crash point
+	}
 
 	// Slots and bookings: contention (docs/booking.md).
 	api.POST("/slots/:id/book", app.handleBookSlot, app.idempotentAPI(), translateErrors)           // 201 booking · 409 slot-taken (Idempotency-Key)
@@ -56,13 +60,14 @@ func (app *App) routes() *echo.Echo {
 	api.GET("/bookings/:id", app.handleGetBooking)                                                  // one of the caller's bookings (any, for an admin)
 	api.POST("/bookings/:id/cancel", app.handleCancelBooking, app.idempotentAPI(), translateErrors) // release: the slot is AVAILABLE again (Idempotency-Key)
 
-	// Browser pages: a signed session cookie, and CSRF on every form.
-	page := []echo.MiddlewareFunc{app.loadSession, csrfProtection()}
+	// Browser pages: a server-side session (session.go), and a CSRF token
+	// bound to it on every form.
+	page := []echo.MiddlewareFunc{app.loadSession, app.csrfProtection}
 	signedIn := append(page[:len(page):len(page)], requireSignIn)
 	e.GET("/", app.handleHome, page...)                        // what each part demonstrates
-	e.GET("/signin", app.handleSignInPage, page...)            // "sign in as" a demo user
-	e.POST("/signin", app.handleSignIn, page...)               // sets the session cookie
-	e.POST("/signout", app.handleSignOut, page...)             // clears it
+	e.GET("/signin", app.handleSignInPage, page...)            // name and password, or "sign in as" in demo mode
+	e.POST("/signin", app.handleSignIn, page...)               // starts a session, sets its cookie
+	e.POST("/signout", app.handleSignOut, page...)             // ends the session on the server
 	e.GET("/policies", app.handlePoliciesPage, signedIn...)    // your policies
 	e.GET("/slots", app.handleSlotsPage, signedIn...)          // the slots grid
 	e.GET("/provider", app.handleProviderPage, signedIn...)    // the fake provider: faults, ledger, what each mode means

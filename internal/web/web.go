@@ -42,9 +42,11 @@ type Config struct {
 	BodyLimit       string         // BODY_LIMIT: the largest request body, e.g. 1M
 	TrustedProxies  []*net.IPNet   // TRUSTED_PROXIES: whose X-Forwarded-For/-Proto are believed
 	BookingStrategy slots.Strategy // BOOKING_STRATEGY
-	AllowReset      bool           // ALLOW_RESET: POST /api/v1/admin/reset is allowed
-	OperationLease  time.Duration  // OPERATION_LEASE: bounds invariant 6 by default
-	ProviderTimeout time.Duration  // PROVIDER_TIMEOUT: shown on the provider page
+	// DemoMode (DEMO_MODE) enables what only a demo may have: one-click
+	// "sign in as", the data reset and the crash switch (routes.go).
+	DemoMode        bool
+	OperationLease  time.Duration // OPERATION_LEASE: bounds invariant 6 by default
+	ProviderTimeout time.Duration // PROVIDER_TIMEOUT: shown on the provider page
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per
@@ -52,7 +54,7 @@ type Config struct {
 type Deps struct {
 	Logger   *slog.Logger
 	Accounts []demo.Account // the demo accounts, with the tokens in force
-	Secret   []byte         // signs sessions; derives generated users' tokens
+	Secret   []byte         // binds CSRF tokens to sessions; derives generated users' tokens
 	Pool     *pgxpool.Pool
 	Migrator *database.Migrator
 	Registry *prometheus.Registry // this process's metrics, served at /metrics
@@ -77,7 +79,6 @@ type App struct {
 	secret   []byte
 	pool     *pgxpool.Pool
 	migrator *database.Migrator
-	sessions *sessionCodec
 	metrics  *metrics
 	// bodyLimit is BODY_LIMIT in bytes.
 	bodyLimit int64
@@ -116,7 +117,6 @@ func New(cfg Config, d Deps) *App {
 		secret:    d.Secret,
 		pool:      d.Pool,
 		migrator:  d.Migrator,
-		sessions:  newSessionCodec(d.Secret),
 		metrics:   newMetrics(d.Registry, d.Pool),
 
 		users:    users.NewStore(d.Pool),

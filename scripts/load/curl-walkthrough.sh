@@ -3,7 +3,7 @@
 #
 #   ./scripts/load/curl-walkthrough.sh [BASE_URL]
 #
-# Needs a running app started with ALLOW_RESET=true (it resets the data
+# Needs a running app started with DEMO_MODE=true (it resets the data
 # first) and curl. Each step prints the request and the answer's status
 # line, the headers that matter, and the body.
 set -euo pipefail

@@ -5,7 +5,7 @@
 #
 #   ./scripts/load/hey.sh [BASE_URL]
 #
-# Needs hey, curl and an app with ALLOW_RESET=true.
+# Needs hey, curl and an app with DEMO_MODE=true.
 set -euo pipefail
 
 BASE="${1:-http://localhost:8080}"

@@ -7,7 +7,7 @@
 #   vegeta attack -targets targets.http -rate 200/s -duration 20s | vegeta report
 #
 # Env: ADMIN_TOKEN (demo-admin), USERS (50), POLICIES (20 per user),
-# SLOTS (8), REPEAT (3). Needs curl and jq, and an app with ALLOW_RESET=true.
+# SLOTS (8), REPEAT (3). Needs curl and jq, and an app with DEMO_MODE=true.
 # The file holds one cancellation per policy (USERS × POLICIES intents) and
 # as many bookings on the SLOTS slots, interleaved, each line group REPEAT
 # times in a row so copies of a key go out within milliseconds.

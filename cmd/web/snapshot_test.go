@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// dbSnapshot is every table of the database — the app's, the fakes'
+// schemas, goose's — as a row count and a hash of its rows, so a test can
+// prove a refused request changed nothing at all.
+type dbSnapshot map[string]tableState
+
+type tableState struct {
+	Rows int64
+	Hash string
+}
+
+// snapshotDB reads every table in every schema but PostgreSQL's own.
+func snapshotDB(t testing.TB, pool *pgxpool.Pool) dbSnapshot {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `
+		SELECT format('%I.%I', table_schema, table_name)
+		  FROM information_schema.tables
+		 WHERE table_type = 'BASE TABLE'
+		   AND table_schema NOT IN ('pg_catalog', 'information_schema')
+		 ORDER BY 1`)
+	if err != nil {
+		t.Fatalf("snapshot: list tables: %v", err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("snapshot: list tables: %v", err)
+	}
+	snap := dbSnapshot{}
+	for _, table := range tables {
+		var st tableState
+		// Every column, as text, in a stable order: any change to any row shows.
+		err := pool.QueryRow(ctx, fmt.Sprintf(`
+			SELECT count(*), coalesce(md5(string_agg(r::text, E'\n' ORDER BY r::text)), '')
+			  FROM %s AS r`, table)).Scan(&st.Rows, &st.Hash)
+		if err != nil {
+			t.Fatalf("snapshot: read %s: %v", table, err)
+		}
+		snap[table] = st
+	}
+	return snap
+}
+
+// digest is one hash of the whole snapshot.
+func (s dbSnapshot) digest() []byte {
+	names := make([]string, 0, len(s))
+	for n := range s {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		fmt.Fprintf(h, "%s %d %s\n", n, s[n].Rows, s[n].Hash)
+	}
+	return h.Sum(nil)
+}
+
+// diff names the tables that differ between s and after.
+func (s dbSnapshot) diff(after dbSnapshot) string {
+	var out []string
+	for n, st := range s {
+		if a, ok := after[n]; !ok {
+			out = append(out, n+": gone")
+		} else if a != st {
+			out = append(out, fmt.Sprintf("%s: %d rows → %d rows", n, st.Rows, a.Rows))
+		}
+	}
+	for n := range after {
+		if _, ok := s[n]; !ok {
+			out = append(out, n+": new")
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
