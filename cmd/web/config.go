@@ -63,7 +63,7 @@ type config struct {
 	// crash switch. Off by default: a binary started without it is run for
 	// real, and people sign in with passwords (docs/api.md "Demo mode").
 	DemoMode bool
-	Recovery   recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
+	Recovery recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -81,8 +81,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 
-		CrashAt:    getenv("CRASH_AT"),
-		CrashMode:  or(getenv("CRASH_MODE"), string(crash.Exit)),
+		CrashAt:   getenv("CRASH_AT"),
+		CrashMode: or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
 	var err error
 	switch v := getenv("DEMO_MODE"); v {
