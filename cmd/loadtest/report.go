@@ -89,6 +89,10 @@ func newReport(cfg config, sc *scenario, d *dataset, rec *recorder, res driveRes
 	if r.Anomalies > 0 {
 		r.Failures = append(r.Failures, fmt.Sprintf("%d anomaly(ies) seen by the client", r.Anomalies))
 	}
+	if n := r.Answers["429 rate-limited"]; n > 0 {
+		r.Failures = append(r.Failures, fmt.Sprintf("%d answer(s) 429 rate-limited: the app limits this host's writes; "+
+			"start it with RATE_LIMIT_EXEMPT=<this host's address> (docs/api.md \"Rate limits\")", n))
+	}
 	if r.LiveAfter > 0 {
 		r.Failures = append(r.Failures, fmt.Sprintf("%d operation(s) still live %s after the run: recovery did not drain (does the app run its recovery loop?)",
 			r.LiveAfter, res.settle.waited.Round(time.Second)))

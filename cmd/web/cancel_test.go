@@ -177,7 +177,8 @@ func TestCancelAnswersForEachProviderMode(t *testing.T) {
 // at most one provider effect; the rest are told which operation exists.
 func TestConcurrentCancellationsWithDifferentKeys(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, map[string]string{"DB_MAX_CONNS": "20"})
+	// 50 writes at once from one user: past its rate limit, on purpose.
+	s := startServer(t, map[string]string{"DB_MAX_CONNS": "20", "RATE_LIMIT_WRITES_PER_USER": "off"})
 	pid := s.policyOf(t, "demo-bob", 0)
 	const n = 50
 	start := make(chan struct{})

@@ -32,7 +32,11 @@ type config struct {
 	// X-Forwarded-Proto are believed (TRUSTED_PROXIES: addresses or CIDR
 	// ranges, comma-separated). None by default: both headers are ignored.
 	TrustedProxies []*net.IPNet
-	ShutdownGrace  time.Duration
+	// RateLimits are RATE_LIMIT_SIGNIN, _BAD_TOKEN, _WRITES_PER_USER,
+	// _WRITES_PER_ADDRESS, _LABS ("10/m", "off") and RATE_LIMIT_EXEMPT
+	// (addresses never limited: a load generator's host).
+	RateLimits    web.RateLimits
+	ShutdownGrace time.Duration
 
 	// The provider. With ProviderURL empty the fake provider runs in this
 	// process on ProviderAddr, and the app still calls it over HTTP.
@@ -101,6 +105,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.TrustedProxies, err = parseNets(getenv("TRUSTED_PROXIES")); err != nil {
 		return c, fmt.Errorf("TRUSTED_PROXIES: %w", err)
 	}
+	if c.RateLimits, err = loadRateLimits(getenv); err != nil {
+		return c, err
+	}
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 8); err != nil {
 		return c, err
 	}
@@ -135,6 +142,35 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, fmt.Errorf("LOG_FORMAT: %q is neither text nor json", c.LogFormat)
 	}
 	return c, nil
+}
+
+func loadRateLimits(getenv func(string) string) (web.RateLimits, error) {
+	rl := web.DefaultRateLimits
+	for _, v := range []struct {
+		name string
+		dst  *web.Rate
+	}{
+		{"RATE_LIMIT_SIGNIN", &rl.SignIn},
+		{"RATE_LIMIT_BAD_TOKEN", &rl.BadToken},
+		{"RATE_LIMIT_WRITES_PER_USER", &rl.WritesPerUser},
+		{"RATE_LIMIT_WRITES_PER_ADDRESS", &rl.WritesPerAddress},
+		{"RATE_LIMIT_LABS", &rl.Labs},
+	} {
+		s := getenv(v.name)
+		if s == "" {
+			continue
+		}
+		r, err := web.ParseRate(s)
+		if err != nil {
+			return rl, fmt.Errorf("%s: %w", v.name, err)
+		}
+		*v.dst = r
+	}
+	var err error
+	if rl.Exempt, err = parseNets(getenv("RATE_LIMIT_EXEMPT")); err != nil {
+		return rl, fmt.Errorf("RATE_LIMIT_EXEMPT: %w", err)
+	}
+	return rl, nil
 }
 
 // parseNets reads "10.0.0.0/8, 192.0.2.7": CIDR ranges or single addresses.

@@ -138,6 +138,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		InstanceID:      cfg.InstanceID,
 		BodyLimit:       cfg.BodyLimit,
 		TrustedProxies:  cfg.TrustedProxies,
+		RateLimits:      cfg.RateLimits,
 		BookingStrategy: cfg.BookingStrategy,
 		DemoMode:        cfg.DemoMode,
 		OperationLease:  cfg.OperationLease,

@@ -79,7 +79,7 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE sessions, operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
+			TRUNCATE sessions, mailbox, operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
 			RESTART IDENTITY`)
 		if err != nil {
 			return fmt.Errorf("demo: reset: %w", err)

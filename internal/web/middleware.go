@@ -76,14 +76,26 @@ func (app *App) authenticateBearer(next echo.HandlerFunc) echo.HandlerFunc {
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
 			return unauthenticated(c, "send Authorization: Bearer <token>; the demo tokens are in the README")
 		}
+		// An address that has sent too many bad tokens is refused before
+		// its next guess is even looked up.
+		exempt := app.limits.exempted(c)
+		if empty, wait := app.limits.badToken.empty(addressKey(c)); empty && !exempt {
+			return tooManyRequests(c, app.limits.badToken, wait)
+		}
 		u, err := app.users.ByToken(c.Request().Context(), strings.TrimSpace(token))
 		if errors.Is(err, users.ErrNotFound) {
+			if err := app.limits.allow(c, app.limits.badToken, addressKey(c)); err != nil {
+				return err
+			}
 			return unauthenticated(c, "the bearer token is not valid")
 		}
 		if err != nil {
 			return err
 		}
 		c.Set(userKey, u)
+		if err := app.limitWrites(c); err != nil {
+			return err
+		}
 		return next(c)
 	}
 }
@@ -98,6 +110,16 @@ func requireSignIn(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if _, ok := userFrom(c); !ok {
 			return c.Redirect(http.StatusSeeOther, "/signin")
+		}
+		return next(c)
+	}
+}
+
+// limitFormWrites applies the write limits to signed-in forms.
+func (app *App) limitFormWrites(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if err := app.limitWrites(c); err != nil {
+			return err
 		}
 		return next(c)
 	}

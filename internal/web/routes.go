@@ -63,25 +63,25 @@ func (app *App) routes() *echo.Echo {
 	// Browser pages: a server-side session (session.go), and a CSRF token
 	// bound to it on every form.
 	page := []echo.MiddlewareFunc{app.loadSession, app.csrfProtection}
-	signedIn := append(page[:len(page):len(page)], requireSignIn)
-	e.GET("/", app.handleHome, page...)                        // what each part demonstrates
-	e.GET("/signin", app.handleSignInPage, page...)            // name and password, or "sign in as" in demo mode
-	e.POST("/signin", app.handleSignIn, page...)               // starts a session, sets its cookie
-	e.POST("/signout", app.handleSignOut, page...)             // ends the session on the server
-	e.GET("/policies", app.handlePoliciesPage, signedIn...)    // your policies
-	e.GET("/slots", app.handleSlotsPage, signedIn...)          // the slots grid
-	e.GET("/provider", app.handleProviderPage, signedIn...)    // the fake provider: faults, ledger, what each mode means
-	e.GET("/recovery", app.handleRecoveryPage, page...)        // the recovery loops at work (everyone)
-	e.GET("/recovery/panel", app.handleRecoveryPanel, page...) // its htmx partial
+	signedIn := append(page[:len(page):len(page)], requireSignIn, app.limitFormWrites)
+	e.GET("/", app.handleHome, page...)                                                         // what each part demonstrates
+	e.GET("/signin", app.handleSignInPage, page...)                                             // name and password, or "sign in as" in demo mode
+	e.POST("/signin", app.handleSignIn, append(page[:len(page):len(page)], app.limitSignIn)...) // starts a session, sets its cookie
+	e.POST("/signout", app.handleSignOut, page...)                                              // ends the session on the server
+	e.GET("/policies", app.handlePoliciesPage, signedIn...)                                     // your policies
+	e.GET("/slots", app.handleSlotsPage, signedIn...)                                           // the slots grid
+	e.GET("/provider", app.handleProviderPage, signedIn...)                                     // the fake provider: faults, ledger, what each mode means
+	e.GET("/recovery", app.handleRecoveryPage, page...)                                         // the recovery loops at work (everyone)
+	e.GET("/recovery/panel", app.handleRecoveryPanel, page...)                                  // its htmx partial
 
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.
 	keyedForm := append(signedIn[:len(signedIn):len(signedIn)], app.idempotentForm(), translateErrors)
-	e.GET("/policies/:id", app.handlePolicyPage, signedIn...)                   // one policy and its cancel form
-	e.POST("/policies/:id/cancel", app.handleCancelPolicyForm, keyedForm...)    // cancel, then redirect to the operation
-	e.POST("/policies/:id/double-click", app.handleDoubleClickLab, signedIn...) // the double-click lab: two submissions at once
-	e.GET("/operations/:id", app.handleOperationPage, signedIn...)              // local state vs provider truth, timeline
-	e.GET("/operations/:id/panel", app.handleOperationPanel, signedIn...)       // the same panel, for htmx polling
+	e.GET("/policies/:id", app.handlePolicyPage, signedIn...)                                                                        // one policy and its cancel form
+	e.POST("/policies/:id/cancel", app.handleCancelPolicyForm, keyedForm...)                                                         // cancel, then redirect to the operation
+	e.POST("/policies/:id/double-click", app.handleDoubleClickLab, append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs)...) // the double-click lab: two submissions at once
+	e.GET("/operations/:id", app.handleOperationPage, signedIn...)                                                                   // local state vs provider truth, timeline
+	e.GET("/operations/:id/panel", app.handleOperationPanel, signedIn...)                                                            // the same panel, for htmx polling
 
 	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
 	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)
@@ -91,11 +91,11 @@ func (app *App) routes() *echo.Echo {
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm(), translateErrors)...) // a decision (keyed form)
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.
-	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)           // book, then back to the grid
-	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, keyedForm...) // release, then back to the grid
-	e.GET("/labs", app.handleLabsPage, signedIn...)                           // the list of labs
-	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                   // the race lab
-	e.POST("/labs/race", app.handleRunRace, signedIn...)                      // run a race (htmx swaps the result panel)
+	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)                                           // book, then back to the grid
+	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, keyedForm...)                                 // release, then back to the grid
+	e.GET("/labs", app.handleLabsPage, signedIn...)                                                           // the list of labs
+	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                                                   // the race lab
+	e.POST("/labs/race", app.handleRunRace, append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs)...) // run a race (htmx swaps the result panel)
 	return e
 }
 

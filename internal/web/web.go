@@ -42,6 +42,7 @@ type Config struct {
 	BodyLimit       string         // BODY_LIMIT: the largest request body, e.g. 1M
 	TrustedProxies  []*net.IPNet   // TRUSTED_PROXIES: whose X-Forwarded-For/-Proto are believed
 	BookingStrategy slots.Strategy // BOOKING_STRATEGY
+	RateLimits      RateLimits     // RATE_LIMIT_*: per address and per user (ratelimit.go)
 	// DemoMode (DEMO_MODE) enables what only a demo may have: one-click
 	// "sign in as", the data reset and the crash switch (routes.go).
 	DemoMode        bool
@@ -80,6 +81,7 @@ type App struct {
 	pool     *pgxpool.Pool
 	migrator *database.Migrator
 	metrics  *metrics
+	limits   *limits
 	// bodyLimit is BODY_LIMIT in bytes.
 	bodyLimit int64
 
@@ -111,6 +113,7 @@ func New(cfg Config, d Deps) *App {
 	}
 	app := &App{
 		bodyLimit: limit,
+		limits:    newLimits(cfg.RateLimits),
 		cfg:       cfg,
 		logger:    d.Logger,
 		accounts:  d.Accounts,

@@ -3,7 +3,7 @@
 #
 #   ./scripts/load/curl-walkthrough.sh [BASE_URL]
 #
-# Needs a running app started with DEMO_MODE=true (it resets the data
+# Needs a running app started with DEMO_MODE=true and RATE_LIMIT_EXEMPT=127.0.0.1 (it resets the data
 # first) and curl. Each step prints the request and the answer's status
 # line, the headers that matter, and the body.
 set -euo pipefail

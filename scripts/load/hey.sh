@@ -5,7 +5,7 @@
 #
 #   ./scripts/load/hey.sh [BASE_URL]
 #
-# Needs hey, curl and an app with DEMO_MODE=true.
+# Needs hey, curl and an app with DEMO_MODE=true and RATE_LIMIT_EXEMPT=127.0.0.1.
 set -euo pipefail
 
 BASE="${1:-http://localhost:8080}"

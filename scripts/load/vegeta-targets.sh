@@ -7,7 +7,7 @@
 #   vegeta attack -targets targets.http -rate 200/s -duration 20s | vegeta report
 #
 # Env: ADMIN_TOKEN (demo-admin), USERS (50), POLICIES (20 per user),
-# SLOTS (8), REPEAT (3). Needs curl and jq, and an app with DEMO_MODE=true.
+# SLOTS (8), REPEAT (3). Needs curl and jq, and an app with DEMO_MODE=true and RATE_LIMIT_EXEMPT=127.0.0.1.
 # The file holds one cancellation per policy (USERS × POLICIES intents) and
 # as many bookings on the SLOTS slots, interleaved, each line group REPEAT
 # times in a row so copies of a key go out within milliseconds.
