@@ -11,19 +11,27 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/database"
 )
 
 // The race lab: N users try to book one slot at the same instant, each in
 // its own transaction, and the result says who won, how long each waited
 // and what the database did. It is the contention story made visible.
+//
+// The lab works on its own data: schema race_lab (migration 00052) has
+// racers, slots and bookings of the same shape as the business tables, and
+// every connection of a race runs with search_path = race_lab, so the very
+// booking code below (Store.Book) books the lab's slots — never a slot of
+// the demo week, a customer's booking, or a row of users.
 
 const (
-	// LabResource is the resource the lab's fresh slots belong to, so races
-	// never take a slot from the demo week.
+	// LabSchema holds the lab's racers, slots and bookings.
+	LabSchema = "race_lab"
+	// LabResource is the resource of the lab's fresh slots.
 	LabResource = "Race lab"
-	// RacerPrefix names the lab's users: racer-01 … racer-64. They are
-	// ordinary customers with a random token hash, so no one can sign in
-	// as them; each racer is a different user, as in a real race.
+	// RacerPrefix names the lab's racers: racer-01 … racer-64, fixed rows
+	// of race_lab.racers, each a different user as in a real race.
 	RacerPrefix = "racer-"
 	MinRacers   = 2
 	MaxRacers   = 64
@@ -52,7 +60,7 @@ func (r RaceRequest) Validate() error {
 	case r.Think < 0 || r.Think > MaxThink:
 		return fmt.Errorf("%w: the think time must be from 0 to %d ms", ErrInvalidRace, MaxThink.Milliseconds())
 	case r.SlotID < 0:
-		return fmt.Errorf("%w: no such slot", ErrInvalidRace)
+		return fmt.Errorf("%w: the slot must be a fresh one or one of the lab's", ErrInvalidRace)
 	}
 	_, err := ParseStrategy(string(r.Strategy))
 	return err
@@ -127,14 +135,13 @@ func (r RaceResult) Verdict() string {
 // connection of its own, and a person clicking twice should not double
 // what the lab asks of the database.
 type Lab struct {
-	pool  *pgxpool.Pool
-	store *Store
-	turn  chan struct{} // a one-slot semaphore: holding it is "my turn"
+	pool *pgxpool.Pool
+	turn chan struct{} // a one-slot semaphore: holding it is "my turn"
 }
 
-// NewLab returns a Lab over pool.
+// NewLab returns a Lab whose races connect like pool, in LabSchema.
 func NewLab(pool *pgxpool.Pool) *Lab {
-	return &Lab{pool: pool, store: NewStore(pool), turn: make(chan struct{}, 1)}
+	return &Lab{pool: pool, turn: make(chan struct{}, 1)}
 }
 
 // Race runs r: it makes the racers (and a fresh slot if asked), opens one
@@ -157,27 +164,30 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 		return RaceResult{}, ctx.Err()
 	}
 
-	var err error
-	if r.SlotID == 0 {
-		if r.SlotID, err = l.freshSlot(ctx); err != nil {
-			return RaceResult{}, err
-		}
-	} else if _, err := l.store.Get(ctx, r.SlotID); err != nil {
-		return RaceResult{}, err
-	}
-	racers, err := l.racers(ctx, r.Racers)
-	if err != nil {
-		return RaceResult{}, err
-	}
-	conns, err := l.connect(ctx, r.Racers)
+	// One connection per racer, and one more (the referee) that sets the
+	// race up and reads the outcome, all in the lab's schema.
+	all, err := l.connect(ctx, r.Racers+1)
 	if err != nil {
 		return RaceResult{}, err
 	}
 	defer func() {
-		for _, c := range conns {
+		for _, c := range all {
 			c.Close(context.Background())
 		}
 	}()
+	referee, conns := all[0], all[1:]
+	store := NewStore(referee)
+	if r.SlotID == 0 {
+		if r.SlotID, err = freshSlot(ctx, referee); err != nil {
+			return RaceResult{}, err
+		}
+	} else if _, err := store.Get(ctx, r.SlotID); err != nil {
+		return RaceResult{}, err // ErrNotFound: not one of the lab's slots
+	}
+	racers, err := racersOf(ctx, referee, r.Racers)
+	if err != nil {
+		return RaceResult{}, err
+	}
 
 	res := RaceResult{Request: r, Attempts: make([]RacerResult, r.Racers)}
 	start := make(chan struct{})
@@ -192,7 +202,7 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 			<-start
 			t0 := time.Now()
 			err := pgx.BeginFunc(ctx, conns[i], func(tx pgx.Tx) error {
-				b, tr, err := l.store.Book(ctx, tx, BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
+				b, tr, err := store.Book(ctx, tx, BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
 				rr.Trace, rr.BookingID = tr, b.ID
 				return err
 			})
@@ -227,10 +237,10 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 			res.ConstraintHits++
 		}
 	}
-	if res.Slot, err = l.store.Get(ctx, r.SlotID); err != nil {
+	if res.Slot, err = store.Get(ctx, r.SlotID); err != nil {
 		return res, err
 	}
-	if res.Violations, err = l.store.CheckInvariant(ctx); err != nil {
+	if res.Violations, err = store.CheckInvariant(ctx); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -241,23 +251,13 @@ type racer struct {
 	name string
 }
 
-// racers makes sure racer-01 … racer-n exist and returns them in order.
-func (l *Lab) racers(ctx context.Context, n int) ([]racer, error) {
-	rows, err := l.pool.Query(ctx, `
-		WITH wanted AS (
-		    SELECT $1 || lpad(i::text, 2, '0') AS name
-		      FROM generate_series(1, $2::int) AS i
-		), made AS (
-		    INSERT INTO users (name, api_token_sha256)
-		    SELECT name, sha256(gen_random_uuid()::text::bytea) -- a token no one knows
-		      FROM wanted
-		    ON CONFLICT (name) DO NOTHING -- made by an earlier race
-		    RETURNING id, name
-		)
-		SELECT id, name FROM made
-		 UNION ALL
-		SELECT u.id, u.name FROM users u JOIN wanted w USING (name)
-		 ORDER BY name`, RacerPrefix, n)
+// racersOf returns the first n of the lab's fixed racers, in order.
+func racersOf(ctx context.Context, db database.DBTX, n int) ([]racer, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id, name
+		  FROM racers
+		 ORDER BY id
+		 LIMIT $1`, n)
 	if err != nil {
 		return nil, fmt.Errorf("slots: race: racers: %w", err)
 	}
@@ -275,9 +275,9 @@ func (l *Lab) racers(ctx context.Context, n int) ([]racer, error) {
 }
 
 // freshSlot adds the next hour to the lab's own resource.
-func (l *Lab) freshSlot(ctx context.Context) (int64, error) {
+func freshSlot(ctx context.Context, db database.DBTX) (int64, error) {
 	var id int64
-	err := l.pool.QueryRow(ctx, `
+	err := db.QueryRow(ctx, `
 		INSERT INTO slots (resource, starts_at, ends_at)
 		SELECT $1, next.t, next.t + interval '1 hour'
 		  FROM (SELECT coalesce(max(starts_at) + interval '1 hour', date_trunc('hour', now())) AS t
@@ -295,10 +295,9 @@ func (l *Lab) freshSlot(ctx context.Context) (int64, error) {
 func (l *Lab) RecentLabSlots(ctx context.Context, limit int) ([]Slot, error) {
 	rows, err := l.pool.Query(ctx, `
 		SELECT id, resource, starts_at, ends_at, status, booking_id
-		  FROM slots
-		 WHERE resource = $1
+		  FROM race_lab.slots
 		 ORDER BY starts_at DESC
-		 LIMIT $2`, LabResource, limit)
+		 LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("slots: lab slots: %w", err)
 	}
@@ -309,7 +308,8 @@ func (l *Lab) RecentLabSlots(ctx context.Context, limit int) ([]Slot, error) {
 	return list, nil
 }
 
-// connect opens n connections like the pool's, all before the race starts.
+// connect opens n connections like the pool's but in the lab's schema, all
+// before the race starts.
 func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
 	conns := make([]*pgx.Conn, n)
 	errs := make([]error, n)
@@ -318,7 +318,9 @@ func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conns[i], errs[i] = pgx.ConnectConfig(ctx, l.pool.Config().ConnConfig.Copy())
+			cfg := l.pool.Config().ConnConfig.Copy()
+			cfg.RuntimeParams["search_path"] = LabSchema // unqualified names are the lab's tables
+			conns[i], errs[i] = pgx.ConnectConfig(ctx, cfg)
 		}()
 	}
 	wg.Wait()

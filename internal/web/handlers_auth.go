@@ -3,11 +3,9 @@ package web
 import (
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
 )
@@ -36,9 +34,6 @@ func (app *App) signInView(c echo.Context) (views.SignIn, error) {
 		return v, err
 	}
 	for _, u := range list {
-		if strings.HasPrefix(u.Name, slots.RacerPrefix) {
-			continue // the race lab's users: no one signs in as them
-		}
 		v.Accounts = append(v.Accounts, views.Account{Name: u.Name, IsAdmin: u.IsAdmin()})
 	}
 	return v, nil

@@ -39,7 +39,9 @@ func (app *App) handleRunRace(c echo.Context) error {
 	if problem == "" {
 		res, err := app.lab.Race(c.Request().Context(), req)
 		switch {
-		case errors.Is(err, slots.ErrInvalidRace), errors.Is(err, slots.ErrUnknownStrategy), errors.Is(err, slots.ErrNotFound):
+		case errors.Is(err, slots.ErrNotFound):
+			problem = "Slot (slot): that is not one of the lab's slots; pick a fresh slot or one listed."
+		case errors.Is(err, slots.ErrInvalidRace), errors.Is(err, slots.ErrUnknownStrategy):
 			problem = strings.TrimPrefix(err.Error(), "slots: ")
 		case err != nil:
 			return err
@@ -67,22 +69,26 @@ func (app *App) handleRunRace(c echo.Context) error {
 func parseRace(c echo.Context, form *views.RaceForm) (slots.RaceRequest, string) {
 	var req slots.RaceRequest
 	var err error
-	if form.Racers, err = strconv.Atoi(c.FormValue("racers")); err != nil {
-		return req, "The number of competing users must be a whole number from 2 to 64."
+	// Bounds are checked on the numbers as typed, before any arithmetic:
+	// 18446744073710 ms would overflow a time.Duration into something small.
+	form.Racers, err = strconv.Atoi(c.FormValue("racers"))
+	if err != nil || form.Racers < slots.MinRacers || form.Racers > slots.MaxRacers {
+		return req, fmt.Sprintf("Racers (racers): the number of competing users must be a whole number from %d to %d.", slots.MinRacers, slots.MaxRacers)
 	}
-	if form.ThinkMS, err = strconv.Atoi(c.FormValue("think_ms")); err != nil {
-		return req, "The think time must be a whole number of milliseconds from 0 to 500."
+	form.ThinkMS, err = strconv.Atoi(c.FormValue("think_ms"))
+	if err != nil || form.ThinkMS < 0 || form.ThinkMS > int(slots.MaxThink.Milliseconds()) {
+		return req, fmt.Sprintf("Think time (think_ms): a whole number of milliseconds from 0 to %d.", slots.MaxThink.Milliseconds())
 	}
 	req.Racers, req.Think = form.Racers, time.Duration(form.ThinkMS)*time.Millisecond
 	if req.Strategy, err = slots.ParseStrategy(form.Strategy); err != nil {
-		return req, err.Error()
+		return req, "Strategy (strategy): pick conditional-update, select-for-update or check-then-insert."
 	}
 	if form.Slot == "" {
 		form.Slot = "fresh"
 	}
 	if form.Slot != "fresh" {
 		if req.SlotID, err = strconv.ParseInt(form.Slot, 10, 64); err != nil || req.SlotID <= 0 {
-			return req, "Pick a fresh slot or one of the lab's slots."
+			return req, "Slot (slot): pick a fresh slot or one of the lab's slots."
 		}
 	}
 	return req, ""

@@ -44,11 +44,7 @@ func (app *App) handleSlotsPage(c echo.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, s := range batch {
-			if s.Resource != slots.LabResource { // the race lab's slots are not the demo week
-				all = append(all, s)
-			}
-		}
+		all = append(all, batch...)
 		if len(batch) < maxLimit {
 			break
 		}
