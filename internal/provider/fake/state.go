@@ -16,11 +16,14 @@ import (
 // This file is the provider's durable state: every SQL statement it runs.
 // Each exported method is one transaction.
 
-// errKeyReused reports a key already used for another policy. A real
-// provider refuses that: one key names one request.
-var errKeyReused = errors.New("fake: idempotency key reused for a different policy")
+// errKeyReused reports a key already used for another policy.
+var errKeyReused = fault.ErrKeyReused
 
-// call is one cancellation call the provider processes.
+// requests is the provider's table of key records.
+var requests = fault.NewTable("fake_provider", "requests")
+
+// call is one cancellation call the provider processes. Its methods are the
+// provider's half of fault.Keyed: the SQL on the provider's own tables.
 type call struct {
 	key      string
 	policyID int64
@@ -28,9 +31,11 @@ type call struct {
 	fault    fault.Call
 }
 
-// accepted reports whether the call's mode carries out the cancellation
+var _ fault.Keyed = call{}
+
+// Accepted reports whether the call's mode carries out the cancellation
 // (now, or after slow_ms); reject refuses it.
-func (c call) accepted() bool { return c.fault.Accepted() }
+func (c call) Accepted() bool { return c.fault.Accepted() }
 
 // completesIn is how long after receipt an accepted call completes.
 func (c call) completesIn() time.Duration { return c.fault.CompletesIn() }
@@ -50,51 +55,15 @@ type request struct {
 
 const rejectReason = "the provider refuses to cancel this policy (fault mode reject)"
 
-// receive processes one call in one transaction and returns the key's record
-// afterwards. This is where the idempotency switch lives:
-//
-//   - The first call with a key inserts the request row and, if accepted,
-//     applies the effect, in the same commit.
-//   - A repeat on an idempotent provider only counts the attempt: no effect,
-//     and the record (the first outcome) is what it answers.
-//   - A repeat on a provider that is not idempotent is processed again: a
-//     second effect row, which is the double cancellation the app must avoid.
-//
-// Two concurrent first calls with one key cannot both insert: the primary key
-// makes the second INSERT … ON CONFLICT wait for the first to commit, then it
-// finds the row and takes the repeat path. So an idempotent provider applies
-// one effect however many copies race, with no lock of our own.
+// receive processes one call in one transaction (fault.Process: the
+// idempotency switch) and returns the key's record afterwards.
 func (p *Provider) receive(ctx context.Context, c call) (request, error) {
 	var rec request
-	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		first, err := insertRequest(ctx, tx, c)
-		if err != nil {
-			return err
+	err := pgx.BeginTxFunc(ctx, p.Pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if err := fault.Process(ctx, tx, c.fault, fault.Policy(c.policyID), c); err != nil {
+			return err // a reused key rolls back the attempt count too
 		}
-		switch {
-		case first:
-			if c.accepted() {
-				if err := applyEffect(ctx, tx, c); err != nil {
-					return err
-				}
-			}
-		default:
-			policyID, err := countAttempt(ctx, tx, c.key)
-			if err != nil {
-				return err
-			}
-			if policyID != c.policyID {
-				return errKeyReused // rolls back the attempt count too
-			}
-			if !c.fault.Idempotent && c.accepted() {
-				if err := applyEffect(ctx, tx, c); err != nil {
-					return err
-				}
-				if err := acceptAgain(ctx, tx, c); err != nil {
-					return err
-				}
-			}
-		}
+		var err error
 		rec, err = readRequest(ctx, tx, c.key, nil)
 		return err
 	})
@@ -104,11 +73,11 @@ func (p *Provider) receive(ctx context.Context, c call) (request, error) {
 	return rec, nil
 }
 
-// insertRequest records the first call with a key and reports whether this
+// InsertFirst records the first call with a key and reports whether this
 // call was it.
-func insertRequest(ctx context.Context, tx pgx.Tx, c call) (bool, error) {
+func (c call) InsertFirst(ctx context.Context, tx pgx.Tx) (bool, error) {
 	outcome, reason := "ACCEPTED", (*string)(nil)
-	if !c.accepted() {
+	if !c.Accepted() {
 		outcome, reason = "REJECTED", ptr(rejectReason)
 	}
 	tag, err := tx.Exec(ctx, `
@@ -123,41 +92,23 @@ func insertRequest(ctx context.Context, tx pgx.Tx, c call) (bool, error) {
 	return tag.RowsAffected() == 1, nil
 }
 
-// countAttempt counts a repeat and returns the policy the key belongs to. The
-// UPDATE's row lock also serialises concurrent repeats of one key.
-func countAttempt(ctx context.Context, tx pgx.Tx, key string) (int64, error) {
+// CountRepeat counts a repeat and returns the policy the key belongs to.
+func (c call) CountRepeat(ctx context.Context, tx pgx.Tx) (fault.Subject, error) {
 	var policyID int64
-	err := tx.QueryRow(ctx, `
-		UPDATE fake_provider.requests
-		   SET attempts = attempts + 1,
-		       last_received_at = now()
-		 WHERE idempotency_key = $1
-		RETURNING policy_id`, key).Scan(&policyID)
-	return policyID, err
+	err := requests.CountRepeat(ctx, tx, c.key, "policy_id", &policyID)
+	return fault.Policy(policyID), err
 }
 
-// acceptAgain updates the record of a key after a non-idempotent repeat was
-// accepted: an acceptance overrides an earlier refusal, and the earliest
-// completion stands (the first effect takes hold then, whatever follows).
-func acceptAgain(ctx context.Context, tx pgx.Tx, c call) error {
-	_, err := tx.Exec(ctx, `
-		UPDATE fake_provider.requests
-		   SET outcome = 'ACCEPTED',
-		       reject_reason = NULL,
-		       completes_at = CASE
-		           WHEN outcome = 'ACCEPTED' THEN least(completes_at, now() + $2 * interval '1 millisecond')
-		           ELSE now() + $2 * interval '1 millisecond'
-		       END
-		 WHERE idempotency_key = $1`,
-		c.key, c.completesIn().Milliseconds())
-	return err
+// AcceptAgain: see fault.Table.AcceptAgain.
+func (c call) AcceptAgain(ctx context.Context, tx pgx.Tx) error {
+	return requests.AcceptAgain(ctx, tx, c.key, c.completesIn())
 }
 
-// applyEffect writes one row to the effects ledger: the cancellation itself.
+// ApplyEffect writes one row to the effects ledger: the cancellation itself.
 // A slow call's effect is written at acceptance with applied_at in the
 // future, so it is durable at once and counts from its completion on; the
 // ledger thus never needs a background process either.
-func applyEffect(ctx context.Context, tx pgx.Tx, c call) error {
+func (c call) ApplyEffect(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `
 		INSERT INTO fake_provider.effects (idempotency_key, policy_id, applied_at)
 		VALUES ($1, $2, now() + $3 * interval '1 millisecond')`,
@@ -165,7 +116,15 @@ func applyEffect(ctx context.Context, tx pgx.Tx, c call) error {
 	return err
 }
 
-// readRequest returns the record of key as of at (nil: the database clock).
+// record is r as the caller is answered.
+func (r request) record() fault.Record {
+	return fault.Record{Key: r.Key, Truth: r.Truth, Reason: r.RejectReason, UntilComplete: r.untilComplete}
+}
+
+// readRequest returns the record of key as of at (nil: the database clock
+// when the statement starts — not now(), the transaction's start: a repeat
+// that waited for the first call's commit began before that call's now()
+// and would see a completed key still RUNNING).
 // pgx.ErrNoRows means the provider never processed the key: NOT_STARTED.
 func readRequest(ctx context.Context, db database.DBTX, key string, at *time.Time) (request, error) {
 	var r request
@@ -174,12 +133,12 @@ func readRequest(ctx context.Context, db database.DBTX, key string, at *time.Tim
 	err := db.QueryRow(ctx, `
 		SELECT idempotency_key,
 		       policy_id,
-		       fake_provider.truth(outcome, completes_at, coalesce($2::timestamptz, now())),
+		       fake_provider.truth(outcome, completes_at, coalesce($2::timestamptz, statement_timestamp())),
 		       reject_reason,
 		       attempts,
 		       received_at,
 		       completes_at,
-		       extract(epoch FROM greatest(completes_at - coalesce($2::timestamptz, now()), interval '0')) * 1000
+		       extract(epoch FROM greatest(completes_at - coalesce($2::timestamptz, statement_timestamp()), interval '0')) * 1000
 		  FROM fake_provider.requests
 		 WHERE idempotency_key = $1`, key, at).
 		Scan(&r.Key, &r.PolicyID, &r.Truth, &reason, &r.Attempts, &r.ReceivedAt, &r.CompletesAt, &untilMS)
@@ -207,7 +166,7 @@ func (p *Provider) TruthAt(ctx context.Context, key string, at time.Time) (provi
 }
 
 func (p *Provider) truth(ctx context.Context, key string, at *time.Time) (provider.Truth, error) {
-	r, err := readRequest(ctx, p.pool, key, at)
+	r, err := readRequest(ctx, p.Pool, key, at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return provider.TruthNotStarted, nil
@@ -248,7 +207,7 @@ func (p *Provider) EffectsAt(ctx context.Context, at time.Time) (Effects, error)
 }
 
 func (p *Provider) effects(ctx context.Context, at *time.Time) (Effects, error) {
-	rows, err := p.pool.Query(ctx, `
+	rows, err := p.Pool.Query(ctx, `
 		SELECT policy_id,
 		       count(*) FILTER (WHERE applied_at <= coalesce($1::timestamptz, now())),
 		       count(*) FILTER (WHERE applied_at > coalesce($1::timestamptz, now()))
@@ -267,7 +226,7 @@ func (p *Provider) effects(ctx context.Context, at *time.Time) (Effects, error) 
 		e.Total += pe.Count
 		e.Pending += pe.Pending
 	}
-	late, err := p.faults.Late(ctx, p.pool)
+	late, err := p.Store.Late(ctx, p.Pool)
 	if err != nil {
 		return Effects{}, fmt.Errorf("fake: effects: %w", err)
 	}
@@ -275,24 +234,6 @@ func (p *Provider) effects(ctx context.Context, at *time.Time) (Effects, error) 
 		e.Late = &late
 	}
 	return e, nil
-}
-
-// Reset forgets every request, effect and late arrival, empties the
-// script, drops the overrides and restores DefaultFault, in one transaction.
-func (p *Provider) Reset(ctx context.Context) error {
-	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		batch := &pgx.Batch{}
-		batch.Queue(`DELETE FROM fake_provider.effects`)
-		batch.Queue(`DELETE FROM fake_provider.requests`)
-		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-			return err
-		}
-		return p.faults.Reset(ctx, tx)
-	})
-	if err != nil {
-		return fmt.Errorf("fake: reset: %w", err)
-	}
-	return nil
 }
 
 func ptr[T any](v T) *T { return &v }
