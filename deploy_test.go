@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "proxy"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy"} {
 		service(t, p, name)
 	}
 }
@@ -100,8 +100,10 @@ func TestComposeApp(t *testing.T) {
 	if dep, ok := app.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
 		t.Errorf("app depends_on db = %+v, want condition %s", dep, types.ServiceConditionHealthy)
 	}
-	if _, ok := app.DependsOn["provider"]; !ok {
-		t.Error("app does not depend on provider")
+	for _, fake := range []string{"provider", "payments"} {
+		if _, ok := app.DependsOn[fake]; !ok {
+			t.Errorf("app does not depend on %s", fake)
+		}
 	}
 
 	// The replicas are reachable one by one on loopback only; the proxy
@@ -120,18 +122,24 @@ func TestComposeApp(t *testing.T) {
 		t.Errorf("app DATABASE_URL host = %q, want db", dbURL.Hostname())
 	}
 
-	// PROVIDER_URL must name the provider service on the port it listens on.
-	provider := service(t, p, "provider")
-	providerURL, err := url.Parse(env(t, app, "PROVIDER_URL"))
-	if err != nil {
-		t.Fatalf("app PROVIDER_URL: %v", err)
-	}
-	if providerURL.Hostname() != "provider" {
-		t.Errorf("app PROVIDER_URL host = %q, want provider", providerURL.Hostname())
-	}
-	addr := env(t, provider, "PROVIDER_ADDR")
-	if _, port, _ := strings.Cut(addr, ":"); port == "" || port != providerURL.Port() {
-		t.Errorf("app PROVIDER_URL port = %q, provider listens on PROVIDER_ADDR %q", providerURL.Port(), addr)
+	// PROVIDER_URL and PAYMENTS_URL must name their services on the ports
+	// they listen on, and the app must send the control token they require.
+	for _, fake := range []struct{ service, env string }{{"provider", "PROVIDER"}, {"payments", "PAYMENTS"}} {
+		svc := service(t, p, fake.service)
+		u, err := url.Parse(env(t, app, fake.env+"_URL"))
+		if err != nil {
+			t.Fatalf("app %s_URL: %v", fake.env, err)
+		}
+		if u.Hostname() != fake.service {
+			t.Errorf("app %s_URL host = %q, want %s", fake.env, u.Hostname(), fake.service)
+		}
+		addr := env(t, svc, fake.env+"_ADDR")
+		if _, port, _ := strings.Cut(addr, ":"); port == "" || port != u.Port() {
+			t.Errorf("app %s_URL port = %q, %s listens on %s_ADDR %q", fake.env, u.Port(), fake.service, fake.env, addr)
+		}
+		if a, f := env(t, app, "FAKE_CONTROL_TOKEN"), env(t, svc, "FAKE_CONTROL_TOKEN"); a == "" || a != f {
+			t.Errorf("FAKE_CONTROL_TOKEN: app %q, %s %q; want one non-empty token", a, fake.service, f)
+		}
 	}
 
 	if env(t, app, "SESSION_SECRET") == "" {
@@ -152,7 +160,7 @@ func TestComposeApp(t *testing.T) {
 func TestComposeReplicasBehindOneProxy(t *testing.T) {
 	p := loadCompose(t)
 	app, app2 := service(t, p, "app"), service(t, p, "app2")
-	for _, key := range []string{"DATABASE_URL", "PROVIDER_URL", "SESSION_SECRET", "RECOVERY_CLAIM"} {
+	for _, key := range []string{"DATABASE_URL", "PROVIDER_URL", "PAYMENTS_URL", "FAKE_CONTROL_TOKEN", "SESSION_SECRET", "RECOVERY_CLAIM"} {
 		if a, b := env(t, app, key), env(t, app2, key); a != b {
 			t.Errorf("%s differs between replicas: %q vs %q", key, a, b)
 		}
@@ -194,21 +202,30 @@ func TestComposeReplicasBehindOneProxy(t *testing.T) {
 	}
 }
 
-func TestComposeProvider(t *testing.T) {
-	provider := service(t, loadCompose(t), "provider")
-
-	if !slices.Equal(provider.Command, types.ShellCommand{"provider"}) {
-		t.Errorf("provider command = %q, want [provider]", provider.Command)
-	}
-	if dep, ok := provider.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
-		t.Errorf("provider depends_on db = %+v, want condition %s", dep, types.ServiceConditionHealthy)
-	}
-	dbURL, err := url.Parse(env(t, provider, "DATABASE_URL"))
-	if err != nil {
-		t.Fatalf("provider DATABASE_URL: %v", err)
-	}
-	if dbURL.Hostname() != "db" {
-		t.Errorf("provider DATABASE_URL host = %q, want db", dbURL.Hostname())
+// Each fake runs alone (`web provider`, `web payments`) once the database
+// is healthy.
+func TestComposeFakes(t *testing.T) {
+	p := loadCompose(t)
+	for _, name := range []string{"provider", "payments"} {
+		fake := service(t, p, name)
+		if !slices.Equal(fake.Command, types.ShellCommand{name}) {
+			t.Errorf("%s command = %q, want [%s]", name, fake.Command, name)
+		}
+		if dep, ok := fake.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
+			t.Errorf("%s depends_on db = %+v, want condition %s", name, dep, types.ServiceConditionHealthy)
+		}
+		dbURL, err := url.Parse(env(t, fake, "DATABASE_URL"))
+		if err != nil {
+			t.Fatalf("%s DATABASE_URL: %v", name, err)
+		}
+		if dbURL.Hostname() != "db" {
+			t.Errorf("%s DATABASE_URL host = %q, want db", name, dbURL.Hostname())
+		}
+		for _, port := range fake.Ports {
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s publishes %+v beyond loopback", name, port)
+			}
+		}
 	}
 }
 
@@ -218,7 +235,7 @@ func TestComposeBuildsFromDockerfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"app", "provider"} {
+	for _, name := range []string{"app", "provider", "payments"} {
 		s := service(t, p, name)
 		if s.Build == nil {
 			t.Errorf("service %q has no build section", name)

@@ -78,6 +78,7 @@ func startApp(t *testing.T) string {
 		"DATABASE_URL="+db.URL,
 		"ADDR=127.0.0.1:0",
 		"PROVIDER_ADDR=127.0.0.1:0",
+		"PAYMENTS_ADDR=127.0.0.1:0",
 		"DEMO_MODE=true",
 		// the load generator's host: its writes are not rate limited
 		"RATE_LIMIT_EXEMPT=127.0.0.1",

@@ -46,6 +46,18 @@ type config struct {
 	ProviderFaultMode  string        // PROVIDER_FAULT_MODE: the global fault mode set at start
 	ProviderIdempotent string        // PROVIDER_IDEMPOTENT: true|false, set at start
 
+	// The payments service, wired like the provider (fakes.go).
+	PaymentsURL        string        // PAYMENTS_URL
+	PaymentsAddr       string        // PAYMENTS_ADDR
+	PaymentsTimeout    time.Duration // PAYMENTS_TIMEOUT: how long one payments call may take
+	PaymentsFaultMode  string        // PAYMENTS_FAULT_MODE: the global fault mode set at start
+	PaymentsIdempotent string        // PAYMENTS_IDEMPOTENT: true|false, set at start
+
+	// FakeControlToken (FAKE_CONTROL_TOKEN), when set, is the bearer token
+	// the fakes' control APIs require and the app's control clients send;
+	// unset, those APIs answer loopback callers only.
+	FakeControlToken string
+
 	IdempotencyLease time.Duration // IDEMPOTENCY_LEASE: how long a request owns its key
 	IdempotencyTTL   time.Duration // IDEMPOTENCY_TTL: how long completed keys are replayed
 	OperationLease   time.Duration // OPERATION_LEASE: how long a request owns its operation
@@ -85,6 +97,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 
+		PaymentsURL:        getenv("PAYMENTS_URL"),
+		PaymentsAddr:       or(getenv("PAYMENTS_ADDR"), ":8082"),
+		PaymentsFaultMode:  getenv("PAYMENTS_FAULT_MODE"),
+		PaymentsIdempotent: getenv("PAYMENTS_IDEMPOTENT"),
+		FakeControlToken:   getenv("FAKE_CONTROL_TOKEN"),
+
 		CrashAt:   getenv("CRASH_AT"),
 		CrashMode: or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
@@ -117,6 +135,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.ProviderTimeout, err = durationEnv(getenv, "PROVIDER_TIMEOUT", 2*time.Second); err != nil {
 		return c, err
 	}
+	if c.PaymentsTimeout, err = durationEnv(getenv, "PAYMENTS_TIMEOUT", 2*time.Second); err != nil {
+		return c, err
+	}
 	if c.IdempotencyLease, err = durationEnv(getenv, "IDEMPOTENCY_LEASE", 30*time.Second); err != nil {
 		return c, err
 	}
@@ -132,8 +153,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.BookingStrategy, err = slots.ParseStrategy(getenv("BOOKING_STRATEGY")); err != nil {
 		return c, fmt.Errorf("BOOKING_STRATEGY: %w", err)
 	}
-	if v := c.ProviderIdempotent; v != "" && v != "true" && v != "false" {
-		return c, fmt.Errorf("PROVIDER_IDEMPOTENT: %q is neither true nor false", v)
+	for name, v := range map[string]string{"PROVIDER_IDEMPOTENT": c.ProviderIdempotent, "PAYMENTS_IDEMPOTENT": c.PaymentsIdempotent} {
+		if v != "" && v != "true" && v != "false" {
+			return c, fmt.Errorf("%s: %q is neither true nor false", name, v)
+		}
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)

@@ -37,7 +37,7 @@ func TestCrashAtEachPointThenRestart(t *testing.T) {
 			ctx := context.Background()
 			_, provURL := externalProvider(t, db) // it survives the app's crash
 			env := map[string]string{
-				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL,
+				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL, "PAYMENTS_ADDR": "127.0.0.1:0",
 				"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "5",
 				"PROVIDER_TIMEOUT": "10s", "OPERATION_LEASE": "1s", "IDEMPOTENCY_LEASE": "1s",
 				"RECOVERY_INTERVAL": "100ms",

@@ -135,7 +135,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 		slow         = 4 * time.Second
 	)
 	common := map[string]string{
-		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL,
+		"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_URL": provURL, "PAYMENTS_ADDR": "127.0.0.1:0",
 		"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "6",
 		"OPERATION_LEASE": lease.String(), "RECOVERY_INTERVAL": interval.String(),
 		"RECOVERY_POLL_INTERVAL": pollInterval.String(), "RECOVERY_MAX_POLLS": fmt.Sprint(maxPolls),

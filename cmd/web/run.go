@@ -23,6 +23,8 @@ import (
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/payments"
+	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
@@ -46,7 +48,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "serve":
 		return serve(ctx, cfg, logger, stdout)
 	case "provider":
-		return serveProvider(ctx, cfg, logger, stdout)
+		return serveFake(ctx, cfg, cfg.providerSpec(), logger, stdout)
+	case "payments":
+		return serveFake(ctx, cfg, cfg.paymentsSpec(), logger, stdout)
 	case "recover":
 		return recoverOnly(ctx, cfg, logger, stdout)
 	case "migrate":
@@ -100,26 +104,26 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		cfg.InstanceID = host
 	}
 
-	// The fake provider: in this process unless PROVIDER_URL points elsewhere.
-	providerURL := cfg.ProviderURL
-	if providerURL == "" {
-		ps, err := startProvider(ctx, cfg, pool, logger)
-		if err != nil {
-			return err
-		}
-		providerURL = ps.url
-		defer func() {
-			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-			defer cancel()
-			if err := ps.stop(stopCtx); err != nil {
-				logger.Error("provider shutdown", "err", err)
-			}
-		}()
+	// The fake external systems: in this process unless PROVIDER_URL /
+	// PAYMENTS_URL point elsewhere, each on its own listener and pool.
+	providerURL, stopProvider, err := inProcess(ctx, cfg, cfg.providerSpec(), logger)
+	if err != nil {
+		return err
 	}
+	defer stopProvider()
+	paymentsURL, stopPayments, err := inProcess(ctx, cfg, cfg.paymentsSpec(), logger)
+	if err != nil {
+		return err
+	}
+	defer stopPayments()
 	providerClient := provider.NewHTTPClient(providerURL, cfg.ProviderTimeout)
 	defer providerClient.CloseIdleConnections()
-	providerControl := fake.NewControl(providerURL)
+	providerControl := fake.NewControlWithToken(providerURL, cfg.FakeControlToken)
 	defer providerControl.CloseIdleConnections()
+	paymentsClient := payments.NewHTTPClient(paymentsURL, cfg.PaymentsTimeout)
+	defer paymentsClient.CloseIdleConnections()
+	paymentsControl := paymentsfake.NewControl(paymentsURL, cfg.FakeControlToken)
+	defer paymentsControl.CloseIdleConnections()
 
 	// Crash points: the process dies there on purpose (CRASH_AT at start,
 	// PUT /api/v1/admin/crash at run time).
@@ -143,6 +147,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		DemoMode:        cfg.DemoMode,
 		OperationLease:  cfg.OperationLease,
 		ProviderTimeout: cfg.ProviderTimeout,
+		PaymentsTimeout: cfg.PaymentsTimeout,
 	}, web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,
@@ -156,6 +161,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Crash:           crashes,
 		Provider:        providerClient,
 		ProviderControl: providerControl,
+		Payments:        paymentsClient,
+		PaymentsControl: paymentsControl,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -167,7 +174,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	banner(stdout, ln.Addr(), providerURL, accounts)
+	banner(stdout, ln.Addr(), providerURL, paymentsURL, accounts)
 
 	// Background loops share loopCtx; cancelling it and waiting on loops is
 	// the second step of shutdown.
@@ -254,9 +261,10 @@ func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpoo
 
 // banner prints where the app listens and the demo tokens, for people and
 // for tests that start the server on port 0 and read the address back.
-func banner(w io.Writer, addr net.Addr, providerURL string, accounts []demo.Account) {
+func banner(w io.Writer, addr net.Addr, providerURL, paymentsURL string, accounts []demo.Account) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "provider at %s\n", providerURL)
+	fmt.Fprintf(&b, "payments at %s\n", paymentsURL)
 	fmt.Fprintf(&b, "idemlab listening on http://%s\n", dialable(addr))
 	if len(accounts) > 0 {
 		b.WriteString("demo mode; demo API tokens (Authorization: Bearer <token>):\n")

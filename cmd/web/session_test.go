@@ -272,7 +272,7 @@ func TestOutsideDemoModePeopleSignInWithPasswords(t *testing.T) {
 func TestOutsideDemoModeTheDemoTokensStopTheStart(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, nil) // demo mode seeds the demo accounts
-	env := map[string]string{"DATABASE_URL": s.DB.URL, "ADDR": "127.0.0.1:0", "PROVIDER_ADDR": "127.0.0.1:0", "LOG_LEVEL": "warn"}
+	env := map[string]string{"DATABASE_URL": s.DB.URL, "ADDR": "127.0.0.1:0", "PROVIDER_ADDR": "127.0.0.1:0", "PAYMENTS_ADDR": "127.0.0.1:0", "LOG_LEVEL": "warn"}
 	_, err := runCommand(t, env, "serve")
 	if err == nil || !strings.Contains(err.Error(), "public demo tokens") {
 		t.Fatalf("serve outside demo mode on a database with demo tokens: %v", err)

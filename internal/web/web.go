@@ -27,6 +27,8 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/payments"
+	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
@@ -48,6 +50,7 @@ type Config struct {
 	DemoMode        bool
 	OperationLease  time.Duration // OPERATION_LEASE: bounds invariant 6 by default
 	ProviderTimeout time.Duration // PROVIDER_TIMEOUT: shown on the provider page
+	PaymentsTimeout time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per
@@ -69,6 +72,10 @@ type Deps struct {
 	// fake provider's faults and reads its ledger, wherever it runs.
 	Provider        *provider.HTTPClient
 	ProviderControl *fake.Control
+	// Payments is the payments client the workflows call; PaymentsControl
+	// sets the fake payments service's faults and reads its ledger.
+	Payments        *payments.HTTPClient
+	PaymentsControl *paymentsfake.Control
 }
 
 // App holds every dependency a handler needs. Handlers are its methods
@@ -92,6 +99,8 @@ type App struct {
 
 	provider        *provider.HTTPClient
 	providerControl *fake.Control
+	payments        *payments.HTTPClient
+	paymentsControl *paymentsfake.Control
 
 	idempotency *idempotency.Store
 	canceller   *policies.Canceller
@@ -129,6 +138,8 @@ func New(cfg Config, d Deps) *App {
 
 		provider:        d.Provider,
 		providerControl: d.ProviderControl,
+		payments:        d.Payments,
+		paymentsControl: d.PaymentsControl,
 
 		idempotency: d.Idempotency,
 		canceller:   d.Canceller,

@@ -39,7 +39,7 @@ DATABASE_URL="$url" "$work/web" migrate up >/dev/null 2>&1
 
 # start_app NAME PORT: one `web serve` on loopback, its own provider port.
 start_app() {
-	DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
+	DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" PAYMENTS_ADDR="127.0.0.1:$(($2 + 2))" DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
 		SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$1" LOG_LEVEL=error \
 		"$work/web" serve >"$work/$1.log" 2>&1 &
 	pids+=($!)
