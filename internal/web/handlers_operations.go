@@ -52,6 +52,12 @@ func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationVie
 	} else {
 		v.Provider.Truth = string(truth)
 	}
+	if !u.IsAdmin() { // redact.go: a customer reads summaries, not internals
+		v.Operation, v.Timeline = customerOperation(v.Operation), customerTimeline(v.Timeline)
+		if v.Provider.Error != "" {
+			v.Provider.Error = "the provider cannot be asked right now"
+		}
+	}
 	return v, nil
 }
 

@@ -97,7 +97,7 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 		}
 		// The answer is stored in the same commit as the outcome.
 		var err error
-		if answer, err = cancelAnswer(op); err != nil {
+		if answer, err = cancelAnswer(customerOperation(op)); err != nil { // the caller is the customer (redact.go)
 			return err
 		}
 		return claim.Complete(ctx, tx, answer)

@@ -37,7 +37,9 @@ type recoverySettings struct {
 	BoundS       float64 `json:"bound_seconds"`
 }
 
-func (app *App) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) {
+// recoverySnapshot is for everyone signed in; a customer reads it with
+// summaries in place of error texts (redact.go).
+func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnapshot, error) {
 	counts, err := app.policies.CountByStatus(ctx)
 	if err != nil {
 		return recoverySnapshot{}, err
@@ -49,6 +51,14 @@ func (app *App) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) 
 	recent, err := app.policies.RecentRecoveryEvents(ctx, 30)
 	if err != nil {
 		return recoverySnapshot{}, err
+	}
+	if !admin {
+		for i := range live {
+			live[i].Operation = customerOperation(live[i].Operation)
+		}
+		for i := range recent {
+			recent[i].Detail = redactAddresses(recent[i].Detail)
+		}
 	}
 	cfg := app.recovery.Settings()
 	b := cfg.Budget()
@@ -65,7 +75,8 @@ func (app *App) recoverySnapshot(ctx context.Context) (recoverySnapshot, error) 
 
 // handleRecoveryAPI: GET /api/v1/recovery
 func (app *App) handleRecoveryAPI(c echo.Context) error {
-	s, err := app.recoverySnapshot(c.Request().Context())
+	u, _ := userFrom(c)
+	s, err := app.recoverySnapshot(c.Request().Context(), u.IsAdmin())
 	if err != nil {
 		return err
 	}
@@ -74,7 +85,7 @@ func (app *App) handleRecoveryAPI(c echo.Context) error {
 
 // handleRecoveryPage: GET /recovery — for everyone, refreshing itself.
 func (app *App) handleRecoveryPage(c echo.Context) error {
-	v, err := app.recoveryView(c.Request().Context())
+	v, err := app.recoveryView(c)
 	if err != nil {
 		return err
 	}
@@ -83,15 +94,16 @@ func (app *App) handleRecoveryPage(c echo.Context) error {
 
 // handleRecoveryPanel: GET /recovery/panel — the htmx partial.
 func (app *App) handleRecoveryPanel(c echo.Context) error {
-	v, err := app.recoveryView(c.Request().Context())
+	v, err := app.recoveryView(c)
 	if err != nil {
 		return err
 	}
 	return render(c, http.StatusOK, views.RecoveryPanel(v))
 }
 
-func (app *App) recoveryView(ctx context.Context) (views.RecoveryView, error) {
-	s, err := app.recoverySnapshot(ctx)
+func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
+	u, _ := userFrom(c)
+	s, err := app.recoverySnapshot(c.Request().Context(), u.IsAdmin())
 	if err != nil {
 		return views.RecoveryView{}, err
 	}
