@@ -7,7 +7,7 @@ export DATABASE_URL
 # The same build as the Dockerfile (deploy_test.go keeps that one honest).
 GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 
-.PHONY: help run build test generate lint bench
+.PHONY: help run build test generate lint bench chaos
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
@@ -42,3 +42,8 @@ lint: ## gofmt, go vet, and a check that generated templ files are up to date
 bench: ## pgbench floor vs the app over HTTP, replay, booking contention, recovery (docs/performance.md)
 	scripts/ensure-postgres.sh
 	scripts/bench/bench.sh
+
+# CHAOS_FLAGS, e.g. make chaos CHAOS_FLAGS="-duration 10m -seed 7" (go run ./cmd/chaos -h lists them).
+CHAOS_FLAGS ?=
+chaos: ## kill, pause, delay and restart the running system, then check every promise (docs/reliability.md)
+	go run ./cmd/chaos $(CHAOS_FLAGS)

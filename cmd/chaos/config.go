@@ -1,0 +1,125 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// config is the command line.
+type config struct {
+	Duration time.Duration // how long faults are injected
+	Drain    time.Duration // how long the drain may take before the run gives up
+	Seed     uint64
+	Out      string // the run's folder
+	Bin      string // a built web binary; "" builds ./cmd/web
+	Quiet    bool
+
+	Clients    int
+	Timeout    time.Duration // each client attempt's timeout
+	DoubleSend float64
+	Users      int
+	Policies   int // per user
+	Slots      int
+
+	KillEvery  time.Duration
+	CrashShare float64
+	PauseEvery time.Duration
+	DelayEvery time.Duration
+	FlipEvery  time.Duration
+	DBEvery    time.Duration
+
+	// The app's settings for the run: short leases and quick recovery, so
+	// a 1–4 s pause outlives a lease and a handed-over operation is
+	// finished within the run.
+	Lease            time.Duration
+	ProviderTimeout  time.Duration
+	RecoveryInterval time.Duration
+	AppEnv           []string // extra KEY=value for the app instances
+}
+
+// envFlags collects repeated -env KEY=value.
+type envFlags []string
+
+func (e *envFlags) String() string { return strings.Join(*e, " ") }
+func (e *envFlags) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("-env wants KEY=value, got %q", v)
+	}
+	*e = append(*e, v)
+	return nil
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&c.Duration, "duration", 2*time.Minute, "how long the nemesis injects faults")
+	fs.DurationVar(&c.Drain, "drain", 3*time.Minute, "how long the system may take to answer every intent and finish every operation after the heal")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seeds every random choice of the nemesis and the clients")
+	fs.StringVar(&c.Out, "out", "tmp/chaos", "folder for the report, the history and the processes' logs (emptied first)")
+	fs.StringVar(&c.Bin, "bin", "", "a built web binary to run (default: build ./cmd/web of this tree)")
+	fs.BoolVar(&c.Quiet, "quiet", false, "no progress lines")
+
+	fs.IntVar(&c.Clients, "clients", 8, "clients acting at once")
+	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "each client attempt's timeout")
+	fs.Float64Var(&c.DoubleSend, "double-send", 0.1, "chance that an intent's first attempt is sent twice at once, to both instances")
+	fs.IntVar(&c.Users, "users", 50, "customers in the dataset")
+	fs.IntVar(&c.Policies, "policies-per-user", 40, "policies per customer (each cancelled at most once)")
+	fs.IntVar(&c.Slots, "slots", 200, "slots in the dataset")
+
+	fs.DurationVar(&c.KillEvery, "kill-every", 2500*time.Millisecond, "mean time between SIGKILLs (0: none)")
+	fs.Float64Var(&c.CrashShare, "crash-share", 0.3, "share of app kills made at a crash point")
+	fs.DurationVar(&c.PauseEvery, "pause-every", 10*time.Second, "mean time between SIGSTOP pauses (0: none)")
+	fs.DurationVar(&c.DelayEvery, "delay-every", 10*time.Second, "mean time between network delay windows (0: none)")
+	fs.DurationVar(&c.FlipEvery, "flip-every", 8*time.Second, "mean time between fault-mode flips (0: none)")
+	fs.DurationVar(&c.DBEvery, "db-every", 10*time.Second, "mean time between database restarts (0: none)")
+
+	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
+	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT of the app")
+	fs.DurationVar(&c.RecoveryInterval, "recovery-interval", 250*time.Millisecond, "RECOVERY_INTERVAL of the app")
+	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 {
+		err := fmt.Errorf("-clients, -duration, -users and -slots must be positive")
+		fmt.Fprintln(stderr, "chaos:", err)
+		return c, err
+	}
+	return c, nil
+}
+
+// appEnv is the environment of both app instances (ADDR and INSTANCE_ID
+// are added per instance).
+func (c config) appEnv(dbURL, providerURL string) []string {
+	env := []string{
+		"DATABASE_URL=" + dbURL,
+		"PROVIDER_URL=" + providerURL,
+		"DEMO_MODE=true",                // the reset, the demo admin token and the crash switch
+		"RATE_LIMIT_EXEMPT=127.0.0.1/8", // the clients are a load generator on this machine
+		"LOG_FORMAT=json",
+		"SESSION_SECRET=chaos-run-shared-secret-0123456789",
+		"SHUTDOWN_GRACE=2s",
+		"IDEMPOTENCY_LEASE=" + c.Lease.String(),
+		"OPERATION_LEASE=" + c.Lease.String(),
+		"PROVIDER_TIMEOUT=" + c.ProviderTimeout.String(),
+		"RECOVERY_INTERVAL=" + c.RecoveryInterval.String(),
+		"RECOVERY_POLL_INTERVAL=100ms",
+		"RECOVERY_BACKOFF=200ms",
+		"PROVIDER_IDEMPOTENT_CALLS=true",
+	}
+	return append(env, c.AppEnv...)
+}
+
+// settings lists the run's knobs for the report.
+func (c config) settings() []string {
+	return []string{
+		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
+		fmt.Sprintf("clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
+		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s flip-every=%s db-every=%s", c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.FlipEvery, c.DBEvery),
+		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
+	}
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idemlab/idemlab/cmd/chaos/check"
+	"github.com/idemlab/idemlab/cmd/chaos/cluster"
+	"github.com/idemlab/idemlab/cmd/chaos/history"
+	"github.com/idemlab/idemlab/cmd/chaos/nemesis"
+	"github.com/idemlab/idemlab/cmd/chaos/procs"
+	"github.com/idemlab/idemlab/cmd/chaos/report"
+	"github.com/idemlab/idemlab/cmd/chaos/workload"
+	"github.com/idemlab/idemlab/internal/netfault"
+	"github.com/idemlab/idemlab/internal/policies"
+)
+
+// adminToken is the demo admin's token, which a reset keeps.
+const adminToken = "demo-admin"
+
+// chaosRun is the system under test and its record.
+type chaosRun struct {
+	cfg    config
+	out    io.Writer
+	dir    string
+	log    *history.Log
+	db     *cluster.DB
+	proxy  *netfault.Proxy
+	fake   *procs.Process // the provider
+	apps   []*procs.Process
+	data   *workload.Dataset
+	closed bool
+}
+
+// newRun builds the web binary and starts the database, the provider,
+// the proxy in front of it and the two app instances, then loads the
+// dataset. On error the parts already started are in the returned run,
+// for close.
+func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
+	r := &chaosRun{cfg: cfg, out: out, dir: cfg.Out, log: history.NewLog(cfg.Seed)}
+	if err := os.RemoveAll(r.dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(r.dir, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	bin := cfg.Bin
+	if bin == "" {
+		root, err := procs.ModuleRoot()
+		if err != nil {
+			return nil, err
+		}
+		r.say("building ./cmd/web")
+		if bin, err = procs.Build(ctx, root, r.dir); err != nil {
+			return nil, err
+		}
+	}
+
+	r.say("starting a private PostgreSQL")
+	var err error
+	if r.db, err = cluster.Start(r.dir); err != nil {
+		return r, err
+	}
+	onExit := nemesis.OnExit(r.log)
+
+	providerAddr, err := procs.FreeAddr()
+	if err != nil {
+		return r, err
+	}
+	r.fake, err = procs.Start(ctx, procs.Spec{
+		Name: "provider", Bin: bin, Args: []string{"provider"},
+		Env:  []string{"DATABASE_URL=" + r.db.URL(), "PROVIDER_ADDR=" + providerAddr, "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s", "DEMO_MODE=true"},
+		Addr: providerAddr, ReadyPath: "/v1/faults", LogPath: filepath.Join(r.dir, "logs", "provider.log"),
+	}, onExit)
+	if err != nil {
+		return r, err
+	}
+	// Between the app and the provider: the network the nemesis delays.
+	// A call whose caller gave up stays open at the provider for up to 10 s.
+	if r.proxy, err = netfault.Listen(providerAddr, netfault.Options{Linger: 10 * time.Second}); err != nil {
+		return r, err
+	}
+
+	for i := range 2 {
+		name := fmt.Sprintf("app-%d", i+1)
+		addr, err := procs.FreeAddr()
+		if err != nil {
+			return r, err
+		}
+		env := append(cfg.appEnv(r.db.URL(), r.proxy.URL()), "ADDR="+addr, "INSTANCE_ID="+name)
+		app, err := procs.Start(ctx, procs.Spec{
+			Name: name, Bin: bin, Args: []string{"serve"}, Env: env,
+			Addr: addr, ReadyPath: "/healthz", LogPath: filepath.Join(r.dir, "logs", name+".log"),
+		}, onExit)
+		if err != nil {
+			return r, err
+		}
+		r.apps = append(r.apps, app)
+	}
+
+	r.say("loading the dataset")
+	size := workload.Size{Users: cfg.Users, PoliciesPerUser: cfg.Policies, Slots: cfg.Slots}
+	if r.data, err = workload.Load(ctx, r.instances()[0], adminToken, size, cfg.Seed); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func (r *chaosRun) instances() []workload.Instance {
+	out := make([]workload.Instance, len(r.apps))
+	for i, a := range r.apps {
+		out[i] = workload.Instance{Name: a.Name(), URL: a.URL()}
+	}
+	return out
+}
+
+func (r *chaosRun) say(format string, args ...any) {
+	if !r.cfg.Quiet {
+		fmt.Fprintf(r.out, "chaos: "+format+"\n", args...)
+	}
+}
+
+// execute is the run proper: faults and clients for the duration, heal,
+// drain, checks, report. It returns the number of violations.
+func (r *chaosRun) execute(ctx context.Context) (int, error) {
+	r.say("%d customers, %d policies, %d slots; faults for %s (seed %d)", len(r.data.Customers), len(r.data.Policies), len(r.data.Slots), r.cfg.Duration, r.cfg.Seed)
+	r.log.Started = time.Now()
+
+	points := make([]string, len(policies.CrashPoints))
+	for i, p := range policies.CrashPoints {
+		points[i] = string(p)
+	}
+	nem := nemesis.New(nemesis.Config{
+		Seed: r.cfg.Seed, KillEvery: r.cfg.KillEvery, CrashShare: r.cfg.CrashShare,
+		PauseEvery: r.cfg.PauseEvery, DelayEvery: r.cfg.DelayEvery, FlipEvery: r.cfg.FlipEvery,
+		DBEvery: r.cfg.DBEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
+	}, nemesis.Targets{
+		Apps:       r.apps,
+		Fakes:      []nemesis.Fake{{Name: "provider", Process: r.fake, Proxy: r.proxy, IdempotentEnv: "PROVIDER_IDEMPOTENT_CALLS"}},
+		DB:         r.db,
+		AdminToken: adminToken,
+	}, r.log)
+
+	// The clients run until the drain ends (or gives up); the nemesis
+	// until the duration is over.
+	clientCtx, stopClients := context.WithCancel(ctx)
+	defer stopClients()
+	clients := workload.Start(clientCtx, workload.Config{
+		Clients: r.cfg.Clients, Timeout: r.cfg.Timeout, DoubleSend: r.cfg.DoubleSend,
+		ReleaseChance: 0.7, Seed: r.cfg.Seed, Nonce: fmt.Sprintf("%d-%d", r.cfg.Seed, time.Now().UnixNano()%1e9),
+	}, r.data, r.instances(), r.log)
+
+	faultCtx, stopFaults := context.WithTimeout(ctx, r.cfg.Duration)
+	defer stopFaults()
+	progressDone := r.progress(faultCtx)
+	nem.Run(faultCtx)
+	<-progressDone
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+
+	r.say("healing")
+	clients.Stop()
+	r.log.Healed = time.Now()
+	healCtx, cancelHeal := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelHeal()
+	if err := nem.Heal(healCtx); err != nil {
+		return 0, fmt.Errorf("heal: %w", err)
+	}
+
+	r.say("draining: every intent answered, every operation finished")
+	drainDeadline := time.Now().Add(r.cfg.Drain)
+	waited := make(chan struct{})
+	go func() { clients.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(time.Until(drainDeadline)):
+		stopClients() // the intents still unanswered are abandoned
+		<-waited
+	}
+	if err := r.waitQuiet(ctx, drainDeadline); err != nil {
+		r.log.Note(err.Error())
+	}
+	r.log.Drained = time.Now()
+
+	r.say("checking")
+	intents, faults := r.log.Snapshot()
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancelCheck()
+	end, err := check.Fetch(checkCtx, check.Source{
+		App: r.instances()[0], Instances: r.instances(), AdminToken: adminToken,
+		Customers: r.data.Customers, ProviderURL: r.fake.URL(),
+	}, intents)
+	if err != nil {
+		return 0, fmt.Errorf("reading the end state: %w", err)
+	}
+	violations := check.Run(intents, faults, end)
+	kinds := check.Kinds5xx(intents, causes(r.appLogs()))
+	sum := report.Summarize(r.log, intents, faults, end, kinds, violations, r.cfg.settings())
+	if err := r.write(sum, violations); err != nil {
+		return 0, err
+	}
+	sum.Text(r.out)
+	fmt.Fprintf(r.out, "report: %s\n", filepath.Join(r.dir, "report.html"))
+	return len(violations), nil
+}
+
+// waitQuiet waits until no operation is live and no key is in progress,
+// as GET /api/v1/invariants counts them.
+func (r *chaosRun) waitQuiet(ctx context.Context, deadline time.Time) error {
+	for {
+		var rep struct {
+			Counts struct {
+				OperationsByStatus map[string]int64 `json:"operations_by_status"`
+				KeysInProgress     int64            `json:"keys_in_progress"`
+			} `json:"counts"`
+		}
+		err := workload.Call(ctx, r.instances()[0], adminToken, "GET", "/api/v1/invariants?stale_after=0s", nil, &rep)
+		live := rep.Counts.OperationsByStatus["IN_PROGRESS"] + rep.Counts.OperationsByStatus["RECOVERING"]
+		if err == nil && live == 0 && rep.Counts.KeysInProgress == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the drain timed out: %d operations live, %d keys in progress (%v)", live, rep.Counts.KeysInProgress, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// progress prints a line every ten seconds until ctx ends.
+func (r *chaosRun) progress(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		start := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Second):
+			}
+			intents, faults := r.log.Snapshot()
+			requests, answered, fivexx := 0, 0, 0
+			for _, in := range intents {
+				requests += len(in.Attempts)
+				if in.FinalAnswer() != nil {
+					answered++
+				}
+				for _, a := range in.Attempts {
+					if a.Status >= 500 {
+						fivexx++
+					}
+				}
+			}
+			kinds := map[string]int{}
+			for _, f := range faults {
+				kinds[f.Kind]++
+			}
+			r.say("%4.0fs  intents %d (answered %d)  requests %d  5xx %d  kills %d  pauses %d  delays %d  db %d  flips %d",
+				time.Since(start).Seconds(), len(intents), answered, requests, fivexx,
+				kinds[history.Kill]+kinds[history.CrashKill], kinds[history.Pause], kinds[history.Delay]+kinds[history.Hold],
+				kinds[history.DBRestart]+kinds[history.DBDown], kinds[history.Flip])
+		}
+	}()
+	return done
+}
+
+// write saves the report, the timeline on its own, the history and the
+// violations in the run's folder.
+func (r *chaosRun) write(sum report.Summary, vs []check.Violation) error {
+	f, err := os.Create(filepath.Join(r.dir, "report.html"))
+	if err != nil {
+		return err
+	}
+	err = errors.Join(sum.HTML(f), f.Close())
+	err = errors.Join(err, os.WriteFile(filepath.Join(r.dir, "timeline.svg"), []byte(sum.SVG()), 0o644))
+	err = errors.Join(err, writeJSON(filepath.Join(r.dir, "history.json"), r.log))
+	if vs == nil {
+		vs = []check.Violation{}
+	}
+	return errors.Join(err, writeJSON(filepath.Join(r.dir, "violations.json"), vs))
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+func (r *chaosRun) appLogs() []string {
+	var paths []string
+	for _, a := range r.apps {
+		paths = append(paths, filepath.Join(r.dir, "logs", a.Name()+".log"))
+	}
+	return paths
+}
+
+// close stops everything the run started, apps first.
+func (r *chaosRun) close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	for _, a := range r.apps {
+		a.Stop(3 * time.Second)
+	}
+	if r.proxy != nil {
+		r.proxy.Close()
+	}
+	if r.fake != nil {
+		r.fake.Stop(3 * time.Second)
+	}
+	if r.db != nil {
+		r.db.Close()
+	}
+}
