@@ -78,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.DBEvery, "db-every", 10*time.Second, "mean time between database restarts (0: none)")
 
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
-	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT of the app")
+	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT and PAYMENTS_TIMEOUT of the app")
 	fs.DurationVar(&c.RecoveryInterval, "recovery-interval", 250*time.Millisecond, "RECOVERY_INTERVAL of the app")
 	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -94,10 +94,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 // appEnv is the environment of both app instances (ADDR and INSTANCE_ID
 // are added per instance).
-func (c config) appEnv(dbURL, providerURL string) []string {
+func (c config) appEnv(dbURL string) []string {
 	env := []string{
 		"DATABASE_URL=" + dbURL,
-		"PROVIDER_URL=" + providerURL,
 		"DEMO_MODE=true",                // the reset, the demo admin token and the crash switch
 		"RATE_LIMIT_EXEMPT=127.0.0.1/8", // the clients are a load generator on this machine
 		"LOG_FORMAT=json",
@@ -106,6 +105,7 @@ func (c config) appEnv(dbURL, providerURL string) []string {
 		"IDEMPOTENCY_LEASE=" + c.Lease.String(),
 		"OPERATION_LEASE=" + c.Lease.String(),
 		"PROVIDER_TIMEOUT=" + c.ProviderTimeout.String(),
+		"PAYMENTS_TIMEOUT=" + c.ProviderTimeout.String(),
 		"RECOVERY_INTERVAL=" + c.RecoveryInterval.String(),
 		"RECOVERY_POLL_INTERVAL=100ms",
 		"RECOVERY_BACKOFF=200ms",
@@ -120,6 +120,6 @@ func (c config) settings() []string {
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
 		fmt.Sprintf("clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s flip-every=%s db-every=%s", c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.FlipEvery, c.DBEvery),
-		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
+		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}
 }

@@ -24,6 +24,15 @@ import (
 // adminToken is the demo admin's token, which a reset keeps.
 const adminToken = "demo-admin"
 
+// fakeSpecs are the fake external systems, each run as `web <name>`: the
+// variable it listens on, the one the app finds it by, and the one that
+// tells a restarted app whether it is idempotent ("": the app has none, so
+// the nemesis keeps that fake idempotent).
+var fakeSpecs = []struct{ name, addrEnv, urlEnv, idempotentEnv string }{
+	{"provider", "PROVIDER_ADDR", "PROVIDER_URL", "PROVIDER_IDEMPOTENT_CALLS"},
+	{"payments", "PAYMENTS_ADDR", "PAYMENTS_URL", ""},
+}
+
 // chaosRun is the system under test and its record.
 type chaosRun struct {
 	cfg    config
@@ -31,15 +40,14 @@ type chaosRun struct {
 	dir    string
 	log    *history.Log
 	db     *cluster.DB
-	proxy  *netfault.Proxy
-	fake   *procs.Process // the provider
+	fakes  []nemesis.Fake // each fake's process and the proxy in front of it
 	apps   []*procs.Process
 	data   *workload.Dataset
 	closed bool
 }
 
-// newRun builds the web binary and starts the database, the provider,
-// the proxy in front of it and the two app instances, then loads the
+// newRun builds the web binary and starts the database, the fakes, a
+// proxy in front of each and the two app instances, then loads the
 // dataset. On error the parts already started are in the returned run,
 // for close.
 func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
@@ -69,22 +77,29 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 	}
 	onExit := nemesis.OnExit(r.log)
 
-	providerAddr, err := procs.FreeAddr()
-	if err != nil {
-		return r, err
-	}
-	r.fake, err = procs.Start(ctx, procs.Spec{
-		Name: "provider", Bin: bin, Args: []string{"provider"},
-		Env:  []string{"DATABASE_URL=" + r.db.URL(), "PROVIDER_ADDR=" + providerAddr, "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s", "DEMO_MODE=true"},
-		Addr: providerAddr, ReadyPath: "/v1/faults", LogPath: filepath.Join(r.dir, "logs", "provider.log"),
-	}, onExit)
-	if err != nil {
-		return r, err
-	}
-	// Between the app and the provider: the network the nemesis delays.
-	// A call whose caller gave up stays open at the provider for up to 10 s.
-	if r.proxy, err = netfault.Listen(providerAddr, netfault.Options{Linger: 10 * time.Second}); err != nil {
-		return r, err
+	// Each fake as its own process, with a proxy in front: the network
+	// the nemesis delays. A call whose caller gave up stays open at the
+	// fake for up to 10 s.
+	var fakeEnv []string
+	for _, fs := range fakeSpecs {
+		addr, err := procs.FreeAddr()
+		if err != nil {
+			return r, err
+		}
+		p, err := procs.Start(ctx, procs.Spec{
+			Name: fs.name, Bin: bin, Args: []string{fs.name},
+			Env:  []string{"DATABASE_URL=" + r.db.URL(), fs.addrEnv + "=" + addr, "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s", "DEMO_MODE=true"},
+			Addr: addr, ReadyPath: "/v1/faults", LogPath: filepath.Join(r.dir, "logs", fs.name+".log"),
+		}, onExit)
+		if err != nil {
+			return r, err
+		}
+		proxy, err := netfault.Listen(addr, netfault.Options{Linger: 10 * time.Second})
+		if err != nil {
+			return r, err
+		}
+		r.fakes = append(r.fakes, nemesis.Fake{Name: fs.name, Process: p, Proxy: proxy, IdempotentEnv: fs.idempotentEnv})
+		fakeEnv = append(fakeEnv, fs.urlEnv+"="+proxy.URL())
 	}
 
 	for i := range 2 {
@@ -93,7 +108,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		if err != nil {
 			return r, err
 		}
-		env := append(cfg.appEnv(r.db.URL(), r.proxy.URL()), "ADDR="+addr, "INSTANCE_ID="+name)
+		env := append(append(cfg.appEnv(r.db.URL()), fakeEnv...), "ADDR="+addr, "INSTANCE_ID="+name)
 		app, err := procs.Start(ctx, procs.Spec{
 			Name: name, Bin: bin, Args: []string{"serve"}, Env: env,
 			Addr: addr, ReadyPath: "/healthz", LogPath: filepath.Join(r.dir, "logs", name+".log"),
@@ -142,7 +157,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 		DBEvery: r.cfg.DBEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
 	}, nemesis.Targets{
 		Apps:       r.apps,
-		Fakes:      []nemesis.Fake{{Name: "provider", Process: r.fake, Proxy: r.proxy, IdempotentEnv: "PROVIDER_IDEMPOTENT_CALLS"}},
+		Fakes:      r.fakes,
 		DB:         r.db,
 		AdminToken: adminToken,
 	}, r.log)
@@ -195,7 +210,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	defer cancelCheck()
 	end, err := check.Fetch(checkCtx, check.Source{
 		App: r.instances()[0], Instances: r.instances(), AdminToken: adminToken,
-		Customers: r.data.Customers, ProviderURL: r.fake.URL(),
+		Customers: r.data.Customers, ProviderURL: r.fakes[0].Process.URL(),
 	}, intents)
 	if err != nil {
 		return 0, fmt.Errorf("reading the end state: %w", err)
@@ -316,11 +331,9 @@ func (r *chaosRun) close() {
 	for _, a := range r.apps {
 		a.Stop(3 * time.Second)
 	}
-	if r.proxy != nil {
-		r.proxy.Close()
-	}
-	if r.fake != nil {
-		r.fake.Stop(3 * time.Second)
+	for _, f := range r.fakes {
+		f.Proxy.Close()
+		f.Process.Stop(3 * time.Second)
 	}
 	if r.db != nil {
 		r.db.Close()

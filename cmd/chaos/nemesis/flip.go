@@ -51,7 +51,9 @@ func (n *Nemesis) flip(ctx context.Context, rng *rand.Rand) {
 		}
 		x -= m.weight
 	}
-	ft.Idempotent = rng.IntN(3) > 0
+	// A fake the app cannot be told about stays idempotent: a double
+	// effect there would be the harness's doing.
+	ft.Idempotent = rng.IntN(3) > 0 || (!n.beliefAtRun && f.IdempotentEnv == "")
 	ft.StatusMode = "ok"
 	switch rng.IntN(10) {
 	case 0:

@@ -97,7 +97,13 @@ func New(cfg Config, t Targets, log *history.Log) *Nemesis {
 func (n *Nemesis) Run(ctx context.Context) {
 	n.beliefAtRun = n.app.canTellBelief(ctx, n.t.Apps[0].URL())
 	if !n.beliefAtRun {
-		n.log.Note("the app has no PUT /api/v1/admin/systems/{name}: a fake's idempotency is told by restarting both instances with " + idempotentEnvs(n.t.Fakes))
+		for _, f := range n.t.Fakes {
+			if f.IdempotentEnv != "" {
+				n.log.Note("the app has no PUT /api/v1/admin/systems/{name}: " + f.Name + "'s idempotency is told by restarting both instances with " + f.IdempotentEnv)
+			} else {
+				n.log.Note("the app cannot be told whether " + f.Name + " is idempotent: it stays idempotent throughout")
+			}
+		}
 	}
 	var loops sync.WaitGroup
 	every := func(kind uint64, mean time.Duration, act func(ctx context.Context, rng *rand.Rand)) {
@@ -371,15 +377,4 @@ func errDetail(err error) string {
 		return err.Error()
 	}
 	return ""
-}
-
-func idempotentEnvs(fakes []Fake) string {
-	s := ""
-	for i, f := range fakes {
-		if i > 0 {
-			s += ", "
-		}
-		s += f.IdempotentEnv
-	}
-	return s
 }
