@@ -130,22 +130,32 @@ func TestProviderControlAPIRefusesBadFaults(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, nil)
 	for _, tc := range []struct {
-		body, wantType, wantDetail string
+		body, contentType string
+		status            int
+		wantType, field   string
+		wantDetail        string
 	}{
-		{`{"mode":"explode"}`, "invalid-fault", `mode "explode"`},
-		{`{"mode":"ok","slow_ms":-1}`, "invalid-fault", "slow_ms -1"},
-		{`{"mode":"ok","status_mode":"error","policy_id":3}`, "invalid-fault", "provider-wide"},
-		{`{"mode":`, "invalid-json", ""},
-		{`not json`, "invalid-json", ""},
-		{`{"mode":5}`, "invalid-json", ""},
-		{`{"mode":"ok"} {"mode":"drop"}`, "invalid-json", ""},
-		{``, "invalid-json", ""},
+		{`{"mode":"explode"}`, "", 422, "invalid-fault", "mode", `mode "explode"`},
+		{`{"mode":"ok","slow_ms":-1}`, "", 422, "invalid-fault", "slow_ms", "slow_ms -1"},
+		{`{"mode":"ok","slow_ms":9223372036854775807}`, "", 422, "invalid-fault", "slow_ms", "out of range"},
+		{`{"mode":"ok","status_mode":"error","policy_id":3}`, "", 422, "invalid-fault", "status_mode", "provider-wide"},
+		{`{"mode":`, "", 400, "invalid-json", "", ""},
+		{`not json`, "", 400, "invalid-json", "", ""},
+		{`{"mode":5}`, "", 400, "invalid-json", "mode", "mode must be a string"},
+		{`{"mode":"ok","zzz":1}`, "", 400, "invalid-json", "zzz", ""},
+		{`{"mode":"ok"} {"mode":"drop"}`, "", 400, "invalid-json", "", ""},
+		{``, "", 400, "invalid-json", "", ""},
+		{`{"mode":"ok"}`, "text/plain", 415, "unsupported-media-type", "", ""},
 	} {
-		r := s.do(request{Method: "PUT", Path: "/api/v1/provider/faults", Token: "demo-admin", Body: tc.body})
-		var p struct{ Detail string }
+		req := request{Method: "PUT", Path: "/api/v1/provider/faults", Token: "demo-admin", Body: tc.body}
+		if tc.contentType != "" {
+			req.Header = map[string]string{"Content-Type": tc.contentType}
+		}
+		r := s.do(req)
+		var p struct{ Detail, Field string }
 		r.JSON(t, &p)
-		if r.Status != http.StatusBadRequest || r.problemType() != tc.wantType || !strings.Contains(p.Detail, tc.wantDetail) {
-			t.Errorf("PUT %s: %d %s, want 400 %s mentioning %q", tc.body, r.Status, r.Body, tc.wantType, tc.wantDetail)
+		if r.Status != tc.status || r.problemType() != tc.wantType || p.Field != tc.field || !strings.Contains(p.Detail, tc.wantDetail) {
+			t.Errorf("PUT %s: %d %s, want %d %s field %q mentioning %q", tc.body, r.Status, r.Body, tc.status, tc.wantType, tc.field, tc.wantDetail)
 		}
 	}
 	if cfg := s.faults(t); cfg.Global.Mode != "ok" || len(cfg.Overrides) != 0 || len(cfg.Script) != 0 {
@@ -279,11 +289,18 @@ func TestProviderPageFormsForTheAdmin(t *testing.T) {
 		}
 	}
 
-	for _, bad := range []url.Values{{"mode": {"explode"}}, {"slow_ms": {"soon"}}, {"idempotent": {"maybe"}}} {
-		bad.Set("_csrf", csrf)
-		r := postForm(t, s, client, "/provider/faults", bad)
-		if r.Status != http.StatusBadRequest || !bytes.Contains(r.Body, []byte("<html")) {
-			t.Errorf("POST %v: %d, want a 400 page", bad, r.Status)
+	for _, tc := range []struct {
+		form   url.Values
+		status int
+	}{
+		{url.Values{"mode": {"explode"}}, http.StatusUnprocessableEntity},
+		{url.Values{"slow_ms": {"soon"}}, http.StatusBadRequest},
+		{url.Values{"idempotent": {"maybe"}}, http.StatusBadRequest},
+	} {
+		tc.form.Set("_csrf", csrf)
+		r := postForm(t, s, client, "/provider/faults", tc.form)
+		if r.Status != tc.status || !bytes.Contains(r.Body, []byte("<html")) {
+			t.Errorf("POST %v: %d, want a %d page", tc.form, r.Status, tc.status)
 		}
 	}
 

@@ -39,20 +39,33 @@ func snapshotDB(t testing.TB, pool *pgxpool.Pool) dbSnapshot {
 	if err != nil {
 		t.Fatalf("snapshot: list tables: %v", err)
 	}
+	// One statement over every table: every column as text, in a stable
+	// order, so any change to any row shows.
+	parts := make([]string, len(tables))
+	for i, table := range tables {
+		parts[i] = fmt.Sprintf(`SELECT %s, count(*), coalesce(md5(string_agg(r::text, E'\n' ORDER BY r::text)), '') FROM %s AS r`,
+			quoteLiteral(table), table)
+	}
+	rows, err = pool.Query(ctx, strings.Join(parts, "\nUNION ALL\n"))
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
 	snap := dbSnapshot{}
-	for _, table := range tables {
+	for rows.Next() {
+		var name string
 		var st tableState
-		// Every column, as text, in a stable order: any change to any row shows.
-		err := pool.QueryRow(ctx, fmt.Sprintf(`
-			SELECT count(*), coalesce(md5(string_agg(r::text, E'\n' ORDER BY r::text)), '')
-			  FROM %s AS r`, table)).Scan(&st.Rows, &st.Hash)
-		if err != nil {
-			t.Fatalf("snapshot: read %s: %v", table, err)
+		if err := rows.Scan(&name, &st.Rows, &st.Hash); err != nil {
+			t.Fatalf("snapshot: %v", err)
 		}
-		snap[table] = st
+		snap[name] = st
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("snapshot: %v", err)
 	}
 	return snap
 }
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // digest is one hash of the whole snapshot.
 func (s dbSnapshot) digest() []byte {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -49,7 +50,7 @@ func toProblem(err error) (*problem.Problem, bool) {
 	}
 	for _, row := range errorTable {
 		if errors.Is(err, row.err) {
-			return enrich(problem.New(row.status, row.typ, row.title, err.Error()), err), true
+			return enrich(problem.New(row.status, row.typ, row.title, publicDetail(err)), err), true
 		}
 	}
 	var he *echo.HTTPError
@@ -58,6 +59,23 @@ func toProblem(err error) (*problem.Problem, bool) {
 	}
 	return problem.New(http.StatusInternalServerError, "internal", "Internal error",
 		"something went wrong on our side; the request id in X-Request-Id helps us find it"), false
+}
+
+// packagePrefix is the "pkg: " Go errors start with (and wrapping adds).
+var packagePrefix = regexp.MustCompile(`(^|: )[a-z][a-z0-9]*: `)
+
+// publicDetail is err's text for a client: the words the domain package
+// wrote, without the "policies: " prefixes that say where in the code it
+// came from.
+func publicDetail(err error) string {
+	d := err.Error()
+	for {
+		next := packagePrefix.ReplaceAllString(d, "$1")
+		if next == d {
+			return d
+		}
+		d = next
+	}
 }
 
 // enrich adds the members some errors carry, so a client can act on the

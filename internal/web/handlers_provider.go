@@ -1,15 +1,14 @@
 package web
 
 import (
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/views"
@@ -33,6 +32,10 @@ var errProviderUnreachable = errors.New("the fake provider's control API did not
 // controlError keeps fake.ErrInvalidFault (400 invalid-fault, errors.go) and
 // turns every other control failure into errProviderUnreachable (502).
 func controlError(c echo.Context, err error) error {
+	var invalid *fault.InvalidError
+	if errors.As(err, &invalid) {
+		return invalidFault(invalid)
+	}
 	if errors.Is(err, fake.ErrInvalidFault) {
 		return err
 	}
@@ -54,11 +57,9 @@ func (app *App) handleGetProviderFaults(c echo.Context) error {
 // setting (fields left out take fake.DefaultFault's values), answered with
 // the whole new configuration.
 func (app *App) handlePutProviderFaults(c echo.Context) error {
-	var f fake.Fault // its UnmarshalJSON starts from fake.DefaultFault
-	dec := json.NewDecoder(c.Request().Body)
-	if err := dec.Decode(&f); err != nil || dec.Decode(&struct{}{}) != io.EOF {
-		return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON",
-			"the body must be one fault object, such as {\"mode\":\"lost_response\",\"idempotent\":true}")
+	var f fake.Fault // its UnmarshalJSON starts from fake.DefaultFault and refuses unknown fields
+	if err := decodeJSON(c, &f); err != nil {
+		return err
 	}
 	cfg, err := app.providerControl.SetFaults(c.Request().Context(), f)
 	if err != nil {
@@ -194,6 +195,12 @@ func faultFromForm(c echo.Context, base fake.Fault) (fake.Fault, error) {
 		f.StatusMode = ""
 	}
 	return f, nil
+}
+
+// invalidFault is a fault setting the fake refused: 422 invalid-fault
+// naming the field.
+func invalidFault(e *fault.InvalidError) *problem.Problem {
+	return problem.New(http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault", e.Message).With("field", e.Field)
 }
 
 func invalidFormFault(detail string) *problem.Problem {

@@ -160,8 +160,11 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 		return err
 	}
 	v := views.ReconciliationView{}
-	if id := c.QueryParam("resolved"); id != "" {
-		v.Notice = fmt.Sprintf("Cancellation #%s: decision recorded (%s). It is on the operation's timeline.", id, c.QueryParam("action"))
+	// The notice names only what parses: a query string is anyone's to write.
+	if id, err := parseID(c.QueryParam("resolved")); err == nil {
+		if action := policies.Resolution(c.QueryParam("action")); action.Valid() {
+			v.Notice = fmt.Sprintf("Cancellation #%d: decision recorded (%s). It is on the operation's timeline.", id, action)
+		}
 	}
 	for _, op := range ops {
 		item, err := app.reconcileItem(ctx, op)

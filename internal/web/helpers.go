@@ -3,12 +3,15 @@ package web
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/a-h/templ"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/views"
 )
@@ -90,10 +93,27 @@ func newListPage[T any](rows []T, limit int, id func(T) int64) listPage[T] {
 	return lp
 }
 
+// pathID reads a path parameter that names a row: a positive decimal
+// int64 (no sign, no spaces, no overflow). Anything else names nothing: 404,
+// marked as a refusal before execution, so a keyed route stores nothing.
 func pathID(c echo.Context, name string) (int64, error) {
-	id, err := strconv.ParseInt(c.Param(name), 10, 64)
+	id, err := parseID(c.Param(name))
+	if err != nil {
+		return 0, idempotency.Reject(problem.New(http.StatusNotFound, "not-found", "Not found", "no "+name+" with that id"))
+	}
+	return id, nil
+}
+
+var errBadID = errors.New("not an id")
+
+// parseID is pathID's rule: 1 to 19 ASCII digits, value 1 to 2^63-1.
+func parseID(s string) (int64, error) {
+	if s == "" || len(s) > 19 || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, errBadID
+	}
+	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, problem.New(http.StatusNotFound, "not-found", "Not found", "no "+name+" with that id")
+		return 0, errBadID
 	}
 	return id, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
 )
 
@@ -37,6 +38,22 @@ func decodeOptionalJSON(c echo.Context, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
 	}
+	return decodeBody(c, body, v)
+}
+
+// decodeJSON is decodeOptionalJSON for a body that must be there.
+func decodeJSON(c echo.Context, v any) error {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return invalidJSON("the body is empty; this request takes a JSON object with the fields " + fieldList(v))
+	}
+	return decodeBody(c, body, v)
+}
+
+func decodeBody(c echo.Context, body []byte, v any) error {
 	ct := c.Request().Header.Get(echo.HeaderContentType)
 	if mt, _, _ := mime.ParseMediaType(ct); mt != echo.MIMEApplicationJSON {
 		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
@@ -48,6 +65,10 @@ func decodeOptionalJSON(c echo.Context, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var invalid *fault.InvalidError // a fault's own decoder names a number out of range
+		if errors.As(err, &invalid) {
+			return invalidFault(invalid)
+		}
 		return jsonProblem(err, v)
 	}
 	if dec.More() {
