@@ -1,0 +1,249 @@
+package events
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATSConfig names the stream and says how long the broker remembers.
+// Zero fields take the defaults.
+type NATSConfig struct {
+	// Stream is the JetStream stream's name. Default IDEMLAB_EVENTS.
+	Stream string
+	// Subject prefixes every event's subject: <Subject>.<type>, e.g.
+	// idemlab.events.policy.cancelled. Default idemlab.events.
+	Subject string
+	// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id and
+	// drops a repeat publish. Past it, a repeat is a new message and only
+	// the inbox catches it. Default 2m (JetStream's own default).
+	DuplicateWindow time.Duration
+	// AckWait is how long JetStream waits for a consumer's ack before it
+	// redelivers. Default 30s.
+	AckWait time.Duration
+	// MaxAge is how long the stream keeps messages. Default 24h.
+	MaxAge time.Duration
+	// PublishTimeout bounds the wait for one batch's acks. Default 5s.
+	PublishTimeout time.Duration
+}
+
+func (c NATSConfig) withDefaults() NATSConfig {
+	c.Stream = cmp.Or(c.Stream, "IDEMLAB_EVENTS")
+	c.Subject = cmp.Or(c.Subject, "idemlab.events")
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, 2*time.Minute)
+	c.AckWait = cmp.Or(c.AckWait, 30*time.Second)
+	c.MaxAge = cmp.Or(c.MaxAge, 24*time.Hour)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, 5*time.Second)
+	return c
+}
+
+// NATS is the JetStream transport: the relay's Publisher, and the source
+// of each consumer's deliveries (one durable pull consumer per consumer,
+// shared by every instance of it).
+type NATS struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	cfg    NATSConfig
+}
+
+// NewNATS creates (or updates) the stream and one durable consumer per
+// consumer on nc. The app calls it at start; it is idempotent.
+func NewNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error) {
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("events: jetstream: %w", err)
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       cfg.Stream,
+		Subjects:   []string{cfg.Subject + ".>"},
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy, // every durable consumer reads every message
+		MaxAge:     cfg.MaxAge,
+		Duplicates: cfg.DuplicateWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
+	}
+	for _, c := range Consumers {
+		_, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable:    c,
+			AckPolicy:  jetstream.AckExplicitPolicy, // a delivery counts only once the consumer acks it
+			AckWait:    cfg.AckWait,
+			MaxDeliver: -1, // never give up: the inbox makes repeats harmless
+		})
+		if err != nil {
+			return nil, fmt.Errorf("events: consumer %s: %w", c, err)
+		}
+	}
+	return &NATS{js: js, stream: stream, cfg: cfg}, nil
+}
+
+// Transport names it.
+func (n *NATS) Transport() string { return TransportNATS }
+
+// DuplicateWindow is the stream's dedupe window.
+func (n *NATS) DuplicateWindow() time.Duration { return n.cfg.DuplicateWindow }
+
+// Publish sends every message without waiting in between, then waits for
+// each one's ack. The event id is the Nats-Msg-Id: JetStream stores one
+// message per id inside its window and answers a repeat "duplicate".
+func (n *NATS) Publish(ctx context.Context, ms []Message) []PublishResult {
+	results := make([]PublishResult, len(ms))
+	futures := make([]jetstream.PubAckFuture, len(ms))
+	for i, m := range ms {
+		data, err := json.Marshal(m)
+		if err != nil {
+			results[i].Err = err
+			continue
+		}
+		msg := &nats.Msg{Subject: n.cfg.Subject + "." + m.Type, Data: data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, m.ID.String())
+		if futures[i], err = n.js.PublishMsgAsync(msg); err != nil {
+			results[i].Err = err
+		}
+	}
+	timeout := time.NewTimer(n.cfg.PublishTimeout)
+	defer timeout.Stop()
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			results[i].Duplicate = ack.Duplicate
+		case err := <-f.Err():
+			results[i].Err = err
+		case <-timeout.C:
+			results[i].Err = errors.New("no publish ack in time")
+			timeout.Reset(0) // the rest are late too: collect what has arrived, fail the others
+		case <-ctx.Done():
+			results[i].Err = ctx.Err()
+		}
+	}
+	return results
+}
+
+// ConsumerConfig configures a consumer instance. Zero fields take the
+// defaults.
+type ConsumerConfig struct {
+	// Batch is how many deliveries one fetch asks for. Default 50.
+	Batch int
+	// Wait is how long one fetch waits for deliveries. Default 1s.
+	Wait time.Duration
+	// RetryAfter is the wait before a delivery whose transaction failed is
+	// redelivered. Default 1s.
+	RetryAfter time.Duration
+	Injector   *Injector
+	Logger     *slog.Logger
+}
+
+func (c ConsumerConfig) withDefaults() ConsumerConfig {
+	c.Batch = cmp.Or(c.Batch, 50)
+	c.Wait = cmp.Or(c.Wait, time.Second)
+	c.RetryAfter = cmp.Or(c.RetryAfter, time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// NATSConsumer is one instance of a consumer reading its durable JetStream
+// consumer. Several instances of one consumer share its deliveries; a
+// delivery not acked within AckWait goes to whichever asks next.
+type NATSConsumer struct {
+	cons jetstream.Consumer
+	h    *Handler
+	cfg  ConsumerConfig
+	side transportSide
+}
+
+// Consumer returns an instance of h's consumer on n.
+func (n *NATS) Consumer(ctx context.Context, h *Handler, cfg ConsumerConfig) (*NATSConsumer, error) {
+	cons, err := n.stream.Consumer(ctx, h.Consumer())
+	if err != nil {
+		return nil, fmt.Errorf("events: consumer %s: %w", h.Consumer(), err)
+	}
+	cfg = cfg.withDefaults()
+	return &NATSConsumer{cons: cons, h: h, cfg: cfg, side: transportSide{
+		// deliver_twice and after_window happen at publish, in the relay
+		modes:       []Mode{FailAfterCommit, LoseAck, OutOfOrder, HoldPastDeadline},
+		ackDeadline: n.cfg.AckWait,
+		window:      n.cfg.DuplicateWindow,
+		retryAfter:  cfg.RetryAfter,
+	}}, nil
+}
+
+// Run fetches and handles deliveries until ctx is done.
+func (c *NATSConsumer) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		if _, err := c.runOnce(ctx); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Warn("events: fetch failed", "consumer", c.h.Consumer(), "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.cfg.Wait):
+			}
+		}
+	}
+}
+
+// runOnce fetches one batch (waiting up to Wait) and handles it; it
+// returns how many deliveries it handled.
+func (c *NATSConsumer) runOnce(ctx context.Context) (int, error) {
+	batch, err := c.cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(c.cfg.Wait))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for msg := range batch.Messages() {
+		n++
+		c.deliver(ctx, msg)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		return n, err
+	}
+	return n, nil
+}
+
+func (c *NATSConsumer) deliver(ctx context.Context, msg jetstream.Msg) {
+	var m Message
+	if err := json.Unmarshal(msg.Data(), &m); err != nil {
+		// Not an event this app wrote: acknowledged, so it is not
+		// redelivered for ever, and logged.
+		c.cfg.Logger.Error("events: undecodable message acknowledged", "subject", msg.Subject(), "err", err)
+		msg.Term()
+		return
+	}
+	attempt := 1
+	if md, err := msg.Metadata(); err == nil {
+		attempt = int(md.NumDelivered)
+	}
+	v := process(ctx, c.h, c.cfg.Injector, c.side, Delivery{Message: m, Attempt: attempt})
+	var err error
+	switch {
+	case v.ack:
+		err = msg.Ack()
+	case v.redeliver && v.delay > 0:
+		err = msg.NakWithDelay(v.delay)
+	case v.redeliver:
+		err = msg.Nak()
+	}
+	if err != nil {
+		// The ack is lost: JetStream redelivers after AckWait and the inbox
+		// answers "duplicate". Nothing else to do.
+		c.cfg.Logger.Warn("events: ack not sent", "consumer", c.h.Consumer(), "event", m.ID, "err", err)
+	}
+}
+
+// DeleteStream removes the stream and its consumers (tests clean up with
+// it; the app never calls it).
+func (n *NATS) DeleteStream(ctx context.Context) error {
+	return n.js.DeleteStream(ctx, n.cfg.Stream)
+}
