@@ -2,16 +2,20 @@ package events
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
 // verdict is what a transport is told about one delivery.
 type verdict struct {
 	ack bool
-	// redeliver: deliver it again after delay (NATS: Nak; River: an error
-	// or a snooze).
+	// redeliver: deliver it again after delay (NATS: Nak; River: a snooze,
+	// or an error when failed).
 	redeliver bool
 	delay     time.Duration
+	// failed: the transport hears "the handler failed" (River counts an
+	// attempt and retries; NATS has only the Nak).
+	failed bool
 	// silent: say nothing at all; the transport's ack deadline passes and
 	// it redelivers on its own (the injector's lose_ack).
 	silent bool
@@ -39,11 +43,22 @@ const outOfOrderDelay = time.Second
 // holdMargin is how far past the ack deadline hold_past_deadline holds.
 const holdMargin = 500 * time.Millisecond
 
+// holdBound bounds how long hold_past_deadline waits, after the deadline,
+// for another instance to apply the delivery (River's rescuer passes every
+// 30 s).
+const holdBound = time.Minute
+
 // process takes one delivery through the injector and the consumer rule,
 // and returns what to tell the transport. It is the same for every
 // transport; only how the verdict is carried out differs.
 func process(ctx context.Context, h *Handler, inj *Injector, side transportSide, d Delivery) verdict {
-	mode, err := inj.take(ctx, h.Consumer(), side.modes...)
+	modes := side.modes
+	if d.Attempt > 1 {
+		// Only a first delivery is held: holding the copy the transport
+		// handed on would have two instances wait for each other.
+		modes = slices.DeleteFunc(slices.Clone(modes), func(m Mode) bool { return m == HoldPastDeadline })
+	}
+	mode, err := inj.take(ctx, h.Consumer(), modes...)
 	if err != nil {
 		h.logger.Warn("events: injector unavailable; delivering normally", "err", err)
 	}
@@ -53,23 +68,23 @@ func process(ctx context.Context, h *Handler, inj *Injector, side transportSide,
 		h.Defer(ctx, d, "sent back unhandled so the events behind it overtake it")
 		return verdict{redeliver: true, delay: outOfOrderDelay}
 	case HoldPastDeadline:
-		// Sit on it past the ack deadline: the transport gives it to
-		// another instance meanwhile, and both handle it.
-		select {
-		case <-ctx.Done():
-			return verdict{silent: true}
-		case <-time.After(side.ackDeadline + holdMargin):
-		}
-		ctx = context.WithoutCancel(ctx) // the transport's deadline has passed: finish anyway
+		// Sit on it past the ack deadline, until the transport has handed
+		// it to another instance and that one applied it (bounded). The
+		// transport may cancel ctx at its own deadline (River's job
+		// timeout): a handler that outlives it is the point, so the hold
+		// does not watch ctx, and the handling that follows ignores it.
+		time.Sleep(side.ackDeadline + holdMargin)
+		h.waitApplied(context.WithoutCancel(ctx), d.ID, holdBound)
+		ctx = context.WithoutCancel(ctx)
 	}
 	if _, err := h.Handle(ctx, d); err != nil {
 		h.logger.Warn("events: delivery failed; the transport redelivers it", "consumer", h.Consumer(),
 			"event", d.ID, "err", err)
-		return verdict{redeliver: true, delay: side.retryAfter}
+		return verdict{redeliver: true, failed: true, delay: side.retryAfter}
 	}
 	switch mode {
 	case FailAfterCommit:
-		return verdict{redeliver: true} // committed, but the transport hears "failed"
+		return verdict{redeliver: true, failed: true} // committed, but the transport hears "failed"
 	case LoseAck:
 		return verdict{silent: true}
 	case DeliverTwice:

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -157,3 +160,19 @@ func nullMode(m Mode) *string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// waitApplied waits until this consumer's inbox has id, or for at most
+// bound (the injector's hold_past_deadline).
+func (h *Handler) waitApplied(ctx context.Context, id uuid.UUID, bound time.Duration) {
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) {
+		var applied bool
+		err := h.pool.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2)`,
+			h.consumer.Name(), id).Scan(&applied)
+		if err != nil || applied {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
