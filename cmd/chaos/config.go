@@ -24,12 +24,14 @@ type config struct {
 	Policies   int // per user
 	Slots      int
 
-	KillEvery  time.Duration
-	CrashShare float64
-	PauseEvery time.Duration
-	DelayEvery time.Duration
-	FlipEvery  time.Duration
-	DBEvery    time.Duration
+	KillEvery          time.Duration
+	CrashShare         float64
+	HoldShare          float64
+	NotIdempotentShare float64
+	PauseEvery         time.Duration
+	DelayEvery         time.Duration
+	FlipEvery          time.Duration
+	DBEvery            time.Duration
 
 	// The app's settings for the run: short leases and quick recovery, so
 	// a 1–4 s pause outlives a lease and a handed-over operation is
@@ -72,6 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 	fs.DurationVar(&c.KillEvery, "kill-every", 2500*time.Millisecond, "mean time between SIGKILLs (0: none)")
 	fs.Float64Var(&c.CrashShare, "crash-share", 0.3, "share of app kills made at a crash point")
+	fs.Float64Var(&c.HoldShare, "hold-share", 1.0/3, "share of network windows that hold the next calls past PROVIDER_TIMEOUT instead of delaying traffic")
+	fs.Float64Var(&c.NotIdempotentShare, "not-idempotent-share", 1.0/3, "share of fault flips that make a fake not idempotent (the app told first)")
 	fs.DurationVar(&c.PauseEvery, "pause-every", 10*time.Second, "mean time between SIGSTOP pauses (0: none)")
 	fs.DurationVar(&c.DelayEvery, "delay-every", 10*time.Second, "mean time between network delay windows (0: none)")
 	fs.DurationVar(&c.FlipEvery, "flip-every", 8*time.Second, "mean time between fault-mode flips (0: none)")
@@ -119,7 +123,8 @@ func (c config) settings() []string {
 	return []string{
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
 		fmt.Sprintf("clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
-		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s flip-every=%s db-every=%s", c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.FlipEvery, c.DBEvery),
+		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s",
+			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}
 }

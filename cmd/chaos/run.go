@@ -153,6 +153,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	}
 	nem := nemesis.New(nemesis.Config{
 		Seed: r.cfg.Seed, KillEvery: r.cfg.KillEvery, CrashShare: r.cfg.CrashShare,
+		HoldShare: r.cfg.HoldShare, NotIdempotentShare: r.cfg.NotIdempotentShare,
 		PauseEvery: r.cfg.PauseEvery, DelayEvery: r.cfg.DelayEvery, FlipEvery: r.cfg.FlipEvery,
 		DBEvery: r.cfg.DBEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
 	}, nemesis.Targets{

@@ -65,6 +65,9 @@ type EndState struct {
 	Waiting []Operation
 	// Effects is the provider's effects ledger: policy → effects applied.
 	Effects map[int64]int
+	// Late counts the calls the provider refused for arriving after
+	// their Request-Deadline (held calls, most of them).
+	Late int64
 }
 
 // Operation is an operation as GET /api/v1/operations/{id} shows it.

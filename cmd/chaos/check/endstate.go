@@ -115,12 +115,18 @@ func Fetch(ctx context.Context, src Source, intents []history.Intent) (EndState,
 			PolicyID int64 `json:"policy_id"`
 			Count    int   `json:"count"`
 		} `json:"by_policy"`
+		Late *struct {
+			Total int64 `json:"total"`
+		} `json:"late"`
 	}
 	if err := workload.Call(ctx, workload.Instance{Name: "provider", URL: src.ProviderURL}, "", http.MethodGet, "/v1/effects", nil, &effects); err != nil {
 		return end, err
 	}
 	for _, e := range effects.ByPolicy {
 		end.Effects[e.PolicyID] = e.Count
+	}
+	if effects.Late != nil {
+		end.Late = effects.Late.Total
 	}
 
 	// The replay of every answered key, spread over the instances.

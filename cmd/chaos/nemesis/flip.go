@@ -31,8 +31,8 @@ var modes = []struct {
 }{{"ok", 3}, {"lost_response", 2}, {"drop", 1}, {"error", 1}, {"slow", 1}, {"flaky", 2}, {"reject", 1}}
 
 // flip sets a new global fault at a fake: a mode, whether it is idempotent
-// (not, a third of the time) and whether its status queries fail (one
-// time in five).
+// (not, NotIdempotentShare of the time) and whether its status queries
+// fail (one time in five).
 func (n *Nemesis) flip(ctx context.Context, rng *rand.Rand) {
 	if len(n.t.Fakes) == 0 {
 		return
@@ -53,7 +53,7 @@ func (n *Nemesis) flip(ctx context.Context, rng *rand.Rand) {
 	}
 	// A fake the app cannot be told about stays idempotent: a double
 	// effect there would be the harness's doing.
-	ft.Idempotent = rng.IntN(3) > 0 || (!n.beliefAtRun && f.IdempotentEnv == "")
+	ft.Idempotent = rng.Float64() >= n.cfg.NotIdempotentShare || (!n.beliefAtRun && f.IdempotentEnv == "")
 	ft.StatusMode = "ok"
 	switch rng.IntN(10) {
 	case 0:
@@ -65,7 +65,7 @@ func (n *Nemesis) flip(ctx context.Context, rng *rand.Rand) {
 	ft.Seed = rng.Int64N(1 << 30)
 	n.actions.Add(1)
 	defer n.actions.Done()
-	n.setIdempotent(ctx, f, ft, ft.Idempotent)
+	n.setIdempotent(ctx, f, ft, ft.Idempotent, history.Flip)
 }
 
 // setIdempotent applies a fault setting at a fake, keeping the app's belief
@@ -73,7 +73,10 @@ func (n *Nemesis) flip(ctx context.Context, rng *rand.Rand) {
 // idempotent the app is told it is not; only after it is idempotent again
 // is the app told so. A blind retry is then never sent to a fake that
 // would apply it twice because of the harness.
-func (n *Nemesis) setIdempotent(ctx context.Context, f Fake, ft fault, idempotent bool) error {
+//
+// kind is how the change is recorded: a Flip, or part of the Heal (which
+// records itself as a whole).
+func (n *Nemesis) setIdempotent(ctx context.Context, f Fake, ft fault, idempotent bool, kind string) error {
 	n.beliefChange.Lock()
 	defer n.beliefChange.Unlock()
 	n.mu.Lock()
@@ -93,8 +96,10 @@ func (n *Nemesis) setIdempotent(ctx context.Context, f Fake, ft fault, idempoten
 	n.mu.Lock()
 	n.idempotent[f.Name] = idempotent
 	n.mu.Unlock()
-	n.log.Injected(history.Fault{Kind: history.Flip, Target: f.Name, Start: start,
-		Detail: fmt.Sprintf("%s idempotent=%t status=%s", ft.Mode, ft.Idempotent, ft.StatusMode)})
+	if kind == history.Flip {
+		n.log.Injected(history.Fault{Kind: history.Flip, Target: f.Name, Start: start,
+			Detail: fmt.Sprintf("%s idempotent=%t status=%s", ft.Mode, ft.Idempotent, ft.StatusMode)})
+	}
 	if !was && idempotent {
 		return n.tellApp(ctx, f, true)
 	}

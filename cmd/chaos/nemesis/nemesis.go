@@ -41,6 +41,11 @@ type Config struct {
 	DBEvery    time.Duration // an immediate restart, or a stop of 1–3 s
 	// CrashPoints are the points a crash kill may arm.
 	CrashPoints []string
+	// HoldShare is the share of network windows that hold calls instead of
+	// delaying traffic; NotIdempotentShare the share of fault flips that
+	// make a fake not idempotent.
+	HoldShare          float64
+	NotIdempotentShare float64
 	// ProviderTimeout is the app's PROVIDER_TIMEOUT: held calls are held
 	// past it, so the app's call times out while the call is still on its way.
 	ProviderTimeout time.Duration
@@ -260,16 +265,16 @@ func (n *Nemesis) pause(ctx context.Context, rng *rand.Rand) {
 }
 
 // delay: a window of 2–6 s in which the traffic between the app and a fake
-// is delayed by 0.6–2.5 s (one direction or both), or — one time in three
-// — the next one to three calls are held past the app's timeout and then
-// delivered.
+// is delayed by 0.6–2.5 s (one direction or both), or — HoldShare of the
+// time — the next one to three calls are held past the app's timeout and
+// then delivered.
 func (n *Nemesis) delay(ctx context.Context, rng *rand.Rand) {
 	if len(n.t.Fakes) == 0 {
 		return
 	}
 	f := n.t.Fakes[rng.IntN(len(n.t.Fakes))]
 	start := time.Now()
-	if rng.IntN(3) == 0 {
+	if rng.Float64() < n.cfg.HoldShare {
 		calls := 1 + rng.IntN(3)
 		hold := n.cfg.ProviderTimeout + 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
 		f.Proxy.HoldNext(calls, hold, "POST ")
@@ -329,7 +334,7 @@ func (n *Nemesis) Heal(ctx context.Context) error {
 		return err
 	}
 	for _, f := range n.t.Fakes {
-		if err := n.setIdempotent(ctx, f, healthy(), true); err != nil {
+		if err := n.setIdempotent(ctx, f, healthy(), true, history.Heal); err != nil {
 			return err
 		}
 		n.mu.Lock()

@@ -98,10 +98,10 @@ func TestTheAppIsToldBeforeTheFakeStopsBeingIdempotent(t *testing.T) {
 		t.Fatal("the belief endpoint was not found")
 	}
 	ctx := context.Background()
-	if err := n.setIdempotent(ctx, f, fault{Mode: "lost_response", Idempotent: false, StatusMode: "ok"}, false); err != nil {
+	if err := n.setIdempotent(ctx, f, fault{Mode: "lost_response", Idempotent: false, StatusMode: "ok"}, false, history.Flip); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.setIdempotent(ctx, f, healthy(), true); err != nil {
+	if err := n.setIdempotent(ctx, f, healthy(), true, history.Flip); err != nil {
 		t.Fatal(err)
 	}
 	got := journalLines(t, journal)
@@ -124,7 +124,7 @@ func TestWithoutTheEndpointBothInstancesRestartFirst(t *testing.T) {
 	if n.beliefAtRun {
 		t.Fatal("a belief endpoint was found on a child without one")
 	}
-	if err := n.setIdempotent(context.Background(), f, fault{Mode: "drop", Idempotent: false, StatusMode: "ok"}, false); err != nil {
+	if err := n.setIdempotent(context.Background(), f, fault{Mode: "drop", Idempotent: false, StatusMode: "ok"}, false, history.Flip); err != nil {
 		t.Fatal(err)
 	}
 	got := journalLines(t, journal)

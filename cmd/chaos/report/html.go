@@ -47,7 +47,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}code,pre{font-size:.85re
 	row("intents", sum(s.Intents), counts(s.Intents))
 	row("requests", s.Requests, "")
 	row("500s", s.Count500(), "")
-	row("provider effects", s.Effects, fmt.Sprintf("%d policies more than once", s.Doubled))
+	row("provider effects", s.Effects, fmt.Sprintf("%d policies more than once; %d late calls refused (Request-Deadline)", s.Doubled, s.Late))
 	row("waiting for a person", s.Waiting, "")
 	b.WriteString(`</table>`)
 

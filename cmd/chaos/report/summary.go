@@ -34,9 +34,10 @@ type Summary struct {
 	Intents  map[string]int // by kind
 	Answers  map[string]int // by label
 	Kinds5xx map[string]int
-	Effects  int // provider effects applied
-	Doubled  int // policies with more than one effect
-	Waiting  int // operations waiting for a person at the end
+	Effects  int   // provider effects applied
+	Doubled  int   // policies with more than one effect
+	Late     int64 // calls the provider refused as past their deadline
+	Waiting  int   // operations waiting for a person at the end
 
 	Violations []check.Violation
 	Notes      []string
@@ -52,7 +53,7 @@ func Summarize(log *history.Log, intents []history.Intent, faults []history.Faul
 		Seed: log.Seed, Started: log.Started, Healed: log.Healed, Drained: log.Drained,
 		Faults: map[string]int{}, Kills: map[string]int{}, Crashes: map[string]int{},
 		Intents: map[string]int{}, Answers: map[string]int{}, Kinds5xx: kinds5xx,
-		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: len(end.Waiting),
+		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: len(end.Waiting), Late: end.Late,
 		intents: intents, faults: faults,
 	}
 	s.Duration = s.Healed.Sub(s.Started)
@@ -119,7 +120,7 @@ func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "  answers         %s\n", counts(s.Answers))
 	fmt.Fprintf(w, "  5xx by kind     %s\n", orNone(counts(s.Kinds5xx)))
 	fmt.Fprintf(w, "  500s            %d\n", s.Count500())
-	fmt.Fprintf(w, "  effects         %d at the provider (%d policies more than once)\n", s.Effects, s.Doubled)
+	fmt.Fprintf(w, "  effects         %d at the provider (%d policies more than once; %d late calls refused)\n", s.Effects, s.Doubled, s.Late)
 	fmt.Fprintf(w, "  for a person    %d operations wait in reconciliation\n", s.Waiting)
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
