@@ -19,3 +19,7 @@ func (s *Store) SetNow(t time.Time) {
 
 // RunOnce is runOnce.
 func (j *Janitor) RunOnce(ctx context.Context) (int, error) { return j.runOnce(ctx) }
+
+// SetClaimWait changes how long a claim waits for a concurrent duplicate's
+// open transaction.
+func (s *Store) SetClaimWait(d time.Duration) { s.claimWait = d }

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -106,18 +107,22 @@ func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 // later moves the store's clock d past the real one.
 func later(d time.Duration) time.Time { return time.Now().Add(d) }
 
-// app is a small Echo server using the middleware as cmd/web will: a JSON
-// route and a form route, each creating a note inside one transaction with
-// the claim's completion.
+// app is a small Echo server using the middleware as internal/web does: a
+// JSON route and a form route, each a one-transaction workflow that claims
+// the key, creates a note and stores the answer in one commit.
 type app struct {
 	pool  *pgxpool.Pool
 	store *idempotency.Store
-	// executions counts handler bodies that got past validation.
+	// executions counts workflows that claimed the key and ran their
+	// business write (whether or not they committed).
 	executions atomic.Int64
 	// delay holds the transaction open, so duplicates arrive mid-flight.
 	delay time.Duration
-	// started, if set, receives once the handler body runs.
+	// started, if set, receives once a workflow holds the key.
 	started chan struct{}
+	// proceed, if set, is waited on between the first commit and the second
+	// of the two-step route, as an owner paused mid-request would.
+	proceed chan struct{}
 }
 
 func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
@@ -162,11 +167,10 @@ func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
 	jsonCfg.Scope = scope
 	api := e.Group("/api", idempotency.Middleware(a.store, jsonCfg))
 	api.POST("/notes", a.createNote)
-	api.POST("/notes/:id/missing", func(c echo.Context) error {
-		return problem.New(http.StatusNotFound, "not-found", "Not found", "no note "+c.Param("id"))
-	})
-	api.POST("/fail", func(c echo.Context) error { return errors.New("database on fire") })
-	api.POST("/panic", func(c echo.Context) error { panic("handler bug") })
+	api.POST("/notes/:id/missing", a.missingNote)
+	api.POST("/fail", a.fail)
+	api.POST("/panic", a.panicAfterClaim)
+	api.POST("/two-step", a.twoStep)
 
 	formCfg := cfg
 	formCfg.Scope = scope
@@ -176,6 +180,7 @@ func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
 	}
 	forms := e.Group("/forms", idempotency.Middleware(a.store, formCfg))
 	forms.POST("/notes", a.createNoteForm)
+	forms.POST("/two-step", a.twoStep)
 
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
@@ -187,10 +192,10 @@ func (a *app) createNote(c echo.Context) error {
 		Note string `json:"note"`
 	}
 	if err := c.Bind(&in); err != nil {
-		return idempotency.Reject(err)
+		return err // refused before the workflow: nothing claimed, nothing stored
 	}
 	if in.Note == "" {
-		return idempotency.Reject(problem.New(http.StatusBadRequest, "validation-failed", "Invalid note", "note is required"))
+		return problem.New(http.StatusBadRequest, "validation-failed", "Invalid note", "note is required")
 	}
 	resp, err := a.insertNote(c, in.Note, func(id int64) (idempotency.Response, error) {
 		return idempotency.JSONResponse(http.StatusCreated, map[string]any{"id": id, "note": in.Note})
@@ -204,7 +209,7 @@ func (a *app) createNote(c echo.Context) error {
 func (a *app) createNoteForm(c echo.Context) error {
 	note := c.FormValue("note")
 	if note == "" {
-		return idempotency.Reject(problem.New(http.StatusBadRequest, "validation-failed", "Invalid note", "note is required"))
+		return problem.New(http.StatusBadRequest, "validation-failed", "Invalid note", "note is required")
 	}
 	resp, err := a.insertNote(c, note, func(id int64) (idempotency.Response, error) {
 		return idempotency.RedirectResponse(http.StatusSeeOther, "/notes/"+strconv.FormatInt(id, 10)), nil
@@ -215,17 +220,20 @@ func (a *app) createNoteForm(c echo.Context) error {
 	return resp.Write(c)
 }
 
-// insertNote is the business write and the claim's completion in one
-// transaction: both commit or neither does.
+// insertNote is a workflow that stays in PostgreSQL: the claim, the business
+// write and the stored answer in one transaction — one commit.
 func (a *app) insertNote(c echo.Context, note string, respond func(id int64) (idempotency.Response, error)) (idempotency.Response, error) {
-	a.executions.Add(1)
-	if a.started != nil {
-		a.started <- struct{}{}
-	}
 	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
 	var resp idempotency.Response
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		claim, err := idempotency.AttemptFrom(ctx).Claim(ctx, tx)
+		if err != nil {
+			return err
+		}
+		a.executions.Add(1)
+		if a.started != nil {
+			a.started <- struct{}{}
+		}
 		var id int64
 		if err := tx.QueryRow(ctx, `
 			INSERT INTO notes (user_id, note) VALUES ($1, $2) RETURNING id`,
@@ -233,13 +241,92 @@ func (a *app) insertNote(c echo.Context, note string, respond func(id int64) (id
 			return err
 		}
 		time.Sleep(a.delay)
-		var err error
 		if resp, err = respond(id); err != nil {
 			return err
 		}
 		return claim.Complete(ctx, tx, resp)
 	})
 	return resp, err
+}
+
+// missingNote is a workflow whose answer is a business refusal (no such
+// note): the refusal is stored with the claim, in one commit, and replayed.
+func (a *app) missingNote(c echo.Context) error {
+	ctx := c.Request().Context()
+	var resp idempotency.Response
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		claim, err := idempotency.AttemptFrom(ctx).Claim(ctx, tx)
+		if err != nil {
+			return err
+		}
+		a.executions.Add(1)
+		body, _ := json.Marshal(problem.New(http.StatusNotFound, "not-found", "Not found", "no note "+c.Param("id")))
+		resp = idempotency.Response{Status: http.StatusNotFound, Header: http.Header{"Content-Type": {problem.ContentType}}, Body: body}
+		return claim.Complete(ctx, tx, resp)
+	})
+	if err != nil {
+		return err
+	}
+	return resp.Write(c)
+}
+
+// fail claims the key, then fails: the transaction rolls back, the claim
+// with it.
+func (a *app) fail(c echo.Context) error {
+	ctx := c.Request().Context()
+	return pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		if _, err := idempotency.AttemptFrom(ctx).Claim(ctx, tx); err != nil {
+			return err
+		}
+		a.executions.Add(1)
+		return errors.New("database on fire")
+	})
+}
+
+// panicAfterClaim commits its claim (as a workflow with an external call
+// does before the call) and then panics: the key stays IN_PROGRESS.
+func (a *app) panicAfterClaim(c echo.Context) error {
+	ctx := c.Request().Context()
+	if err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		_, err := idempotency.AttemptFrom(ctx).Claim(ctx, tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	a.executions.Add(1)
+	panic("handler bug")
+}
+
+// twoStep is a workflow with an external call in the middle: commit 1 is the
+// claim (with the intent, in a real workflow); commit 2 stores the answer.
+// An error "outcome" in the body makes the second commit fail after the
+// first committed.
+func (a *app) twoStep(c echo.Context) error {
+	ctx := c.Request().Context()
+	var claim *idempotency.Claim
+	if err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		var err error
+		claim, err = idempotency.AttemptFrom(ctx).Claim(ctx, tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	a.executions.Add(1)
+	if a.started != nil {
+		a.started <- struct{}{}
+	}
+	if a.proceed != nil {
+		<-a.proceed // the call to the other system, or a pause of the whole process
+	}
+	body, _ := io.ReadAll(c.Request().Body)
+	if strings.Contains(string(body), "fail") {
+		return errors.New("could not record the outcome")
+	}
+	resp, _ := idempotency.JSONResponse(http.StatusOK, map[string]string{"done": "by execution " + strconv.FormatInt(a.executions.Load(), 10)})
+	if err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error { return claim.Complete(ctx, tx, resp) }); err != nil {
+		return err
+	}
+	return resp.Write(c)
 }
 
 // result is one HTTP exchange, read fully.

@@ -92,31 +92,38 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// Middleware makes the routes it wraps idempotent per the IETF Idempotency-Key
-// draft. For each request it validates the key, fingerprints the request and
-// asks store.Acquire what to do:
+// Middleware makes the routes it wraps idempotent per the IETF
+// Idempotency-Key draft. It claims nothing itself: the claim is made inside
+// the workflow's first transaction (see Attempt), so work that stays in
+// PostgreSQL commits claim, business writes and answer once, and a crash
+// before that commit leaves nothing behind. For each request it validates
+// the key, fingerprints the request and reads the key's row:
 //
-//   - execute: the handler runs with the claim in its context (ClaimFrom) and
-//     completes it inside its own transaction; outcomes it did not complete
-//     are stored here (see below);
-//   - replay: the stored status, headers and body, plus Idempotent-Replayed: true;
+//   - no row, or an IN_PROGRESS row whose owner looks dead (lease expired):
+//     the handler runs with an *Attempt in its context (AttemptFrom); its
+//     workflow claims the key in its first transaction and stores the answer
+//     with Complete in the transaction that decides it;
+//   - a COMPLETED row: replay the stored status, headers and body, plus
+//     Idempotent-Replayed: true — no write at all;
 //   - refuse with a *problem.Problem: 400 idempotency-key-missing or
 //     idempotency-key-malformed, 409 request-in-progress (with Retry-After),
 //     422 idempotency-key-reused, 413 body-too-large, 401 unauthenticated.
 //
-// After the handler returns:
+// After the handler returns an error:
 //
-//   - it completed the claim and returned nil: nothing left to do;
-//   - it returned Reject(err): the key is released (stored nothing) and err
-//     goes on to the error handler — validation failures, before any write;
-//   - it returned nil without completing, or a *problem.Problem or
-//     *echo.HTTPError (an outcome it chose, e.g. 404): the error is rendered
-//     now by the server's HTTPErrorHandler, and the response is stored — if
-//     the key is still ours — so a retry replays it;
-//   - it returned any other error (an unexpected 500: a failed or rolled-back
-//     transaction): the key is released so a retry executes afresh;
-//   - it panicked or the process died: the key stays IN_PROGRESS until its
-//     lease expires, then a retry takes it over — the crash path, on purpose.
+//   - the key was not the attempt's to take (ErrAlreadyClaimed: a duplicate
+//     got there first; ErrInProgress: its transaction outlasted the claim's
+//     wait) or was taken from it (ErrLeaseLost: another request took it over
+//     while this one was paused): the attempt answers nothing of its own. It
+//     answers what the key holds now — the stored answer, replayed — or 409
+//     request-in-progress, which is never stored;
+//   - any other error (validation before the workflow, a failed or
+//     rolled-back transaction): it goes on to the error handler. Nothing is
+//     stored; if the attempt's claim had committed (work with an external
+//     call), its lease is ended so a retry may take over at once;
+//   - a panic or the process dying: a committed claim stays IN_PROGRESS
+//     until its lease expires, then a retry takes it over — the crash path,
+//     on purpose.
 //
 // Install it after routing and authentication (route or group middleware).
 func Middleware(store *Store, cfg Config) echo.MiddlewareFunc {
@@ -146,120 +153,105 @@ func (m *middleware) serve(c echo.Context, next echo.HandlerFunc) error {
 	if p != nil {
 		return m.refuse(c, p)
 	}
-	fingerprint := Fingerprint(Request{
-		Method:       c.Request().Method,
-		Route:        c.Path(),
-		Params:       paramPairs(c),
-		Query:        c.Request().URL.RawQuery,
-		ContentType:  c.Request().Header.Get(echo.HeaderContentType),
-		Body:         body,
-		IgnoreFields: m.cfg.IgnoreFormFields,
-	})
+	attempt := &Attempt{
+		UserID: userID,
+		Key:    key,
+		fingerprint: Fingerprint(Request{
+			Method:       c.Request().Method,
+			Route:        c.Path(),
+			Params:       paramPairs(c),
+			Query:        c.Request().URL.RawQuery,
+			ContentType:  c.Request().Header.Get(echo.HeaderContentType),
+			Body:         body,
+			IgnoreFields: m.cfg.IgnoreFormFields,
+		}),
+		store: m.store,
+	}
 
-	claim, rec, err := m.acquire(c.Request().Context(), userID, key, fingerprint)
+	// The read that decides whether to execute at all. It takes no lock:
+	// whatever it lets through ends in the workflow's claim, which checks
+	// again under the unique index.
+	rec, err := m.store.Lookup(c.Request().Context(), userID, key)
 	switch {
-	case errors.Is(err, ErrFingerprintMismatch):
-		return m.refuse(c, problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
-			"Idempotency key reused",
-			"This idempotency key was already used for a different request (method, path or body). Use a new key for a new request."))
-	case errors.Is(err, ErrInProgress):
-		c.Response().Header().Set("Retry-After", strconv.Itoa(int((m.cfg.RetryAfter+time.Second-1)/time.Second)))
-		return m.refuse(c, problem.New(http.StatusConflict, "request-in-progress",
-			"Request in progress",
-			"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."))
+	case errors.Is(err, ErrNotFound):
 	case err != nil:
 		return err
-	case rec != nil:
-		return replay(c, rec.Response)
+	case rec.Status == StatusInProgress && rec.LeaseExpired && bytes.Equal(rec.Fingerprint, attempt.fingerprint):
+		// The owner looks dead: this retry may take over (in the claim).
+	default:
+		return m.answer(c, attempt, rec)
 	}
-	return m.execute(c, next, claim)
+	return m.execute(c, next, attempt)
 }
 
-// acquire is store.Acquire, polling for up to WaitInFlight while the
-// original request is in flight.
-func (m *middleware) acquire(ctx context.Context, userID int64, key string, fingerprint []byte) (*Claim, *Record, error) {
+func (m *middleware) execute(c echo.Context, next echo.HandlerFunc, attempt *Attempt) error {
+	c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), attemptKey{}, attempt)))
+	err := next(c)
+	if err == nil {
+		return nil
+	}
+	// Bookkeeping must happen even if the client has gone away.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
+	defer cancel()
+	if errors.Is(err, ErrAlreadyClaimed) || errors.Is(err, ErrInProgress) || errors.Is(err, ErrLeaseLost) {
+		// Someone else executes (or executed) this request: answer theirs.
+		return m.answerFromStore(c, ctx, attempt)
+	}
+	if err := m.store.EndLease(ctx, attempt.claim); err != nil && !errors.Is(err, ErrLeaseLost) {
+		// The key stays IN_PROGRESS until its lease expires: a retry then takes over.
+		m.cfg.Logger.Warn("idempotency: could not end the lease of a failed request", "key", attempt.Key, "err", err)
+	}
+	return err
+}
+
+// answerFromStore reads the key again and answers what it holds; forms wait
+// up to WaitInFlight for an original still in flight.
+func (m *middleware) answerFromStore(c echo.Context, ctx context.Context, attempt *Attempt) error {
+	c.Set(waitedKey, true)
 	deadline := time.Now().Add(m.cfg.WaitInFlight)
 	for {
-		claim, rec, err := m.store.Acquire(ctx, userID, key, fingerprint)
-		if !errors.Is(err, ErrInProgress) || time.Now().After(deadline) {
-			return claim, rec, err
+		rec, err := m.store.Lookup(ctx, attempt.UserID, attempt.Key)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			// The original's transaction is still open (we gave up waiting
+			// on it) or rolled back: either way, not ours to answer.
+			rec = &Record{Status: StatusInProgress, Fingerprint: attempt.fingerprint}
+		case err != nil:
+			return err
+		}
+		if rec.Status == StatusCompleted || time.Now().After(deadline) {
+			return m.answer(c, attempt, rec)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return m.answer(c, attempt, rec)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-func (m *middleware) execute(c echo.Context, next echo.HandlerFunc, claim *Claim) error {
-	// Tee what the handler writes, so an outcome it did not complete itself
-	// can be stored as the client saw it.
-	res := c.Response()
-	original := res.Writer
-	rec := &recorder{ResponseWriter: original}
-	res.Writer = rec
-	defer func() { res.Writer = original }()
-	c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), claimKey{}, claim)))
-
-	err := next(c)
-	// Bookkeeping must happen even if the client has gone away.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
-	defer cancel()
-
-	var rejected *rejection
+// answer answers from a key's row without executing: a replay, 422 for
+// another request's key, or 409 while it is in flight (after waiting up to
+// WaitInFlight for the original, when configured).
+func (m *middleware) answer(c echo.Context, attempt *Attempt, rec *Record) error {
 	switch {
-	case errors.As(err, &rejected):
-		m.release(ctx, claim)
-		return rejected.err
-	case err == nil && claim.completed != nil:
-		if !bytes.Equal(rec.body.Bytes(), claim.completed.Body) {
-			m.cfg.Logger.Warn("idempotency: handler wrote a body that differs from the one it completed; replays will differ",
-				"key", claim.Key, "route", c.Path())
-		}
-		return nil
-	case err != nil && !chosen(err):
-		m.release(ctx, claim)
-		return err
+	case !bytes.Equal(rec.Fingerprint, attempt.fingerprint):
+		return m.refuse(c, problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
+			"Idempotency key reused",
+			"This idempotency key was already used for a different request (method, path or body). Use a new key for a new request."))
+	case rec.Status == StatusCompleted:
+		return replay(c, rec.Response)
+	case m.cfg.WaitInFlight > 0 && c.Get(waitedKey) == nil:
+		return m.answerFromStore(c, c.Request().Context(), attempt)
 	}
-	if err != nil {
-		c.Error(err) // the server's error handler writes it, into the recorder
-	}
-	resp := Response{Status: res.Status, Header: http.Header{}, Body: rec.body.Bytes()}
-	if !res.Committed {
-		resp.Status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
-	}
-	for _, name := range storedHeaders {
-		if v := res.Header().Values(name); len(v) > 0 {
-			resp.Header[name] = v
-		}
-	}
-	if err := m.store.Complete(ctx, m.store.pool, claim, resp); err != nil {
-		m.cfg.Logger.Warn("idempotency: could not store a response the handler did not complete",
-			"key", claim.Key, "route", c.Path(), "err", err)
-	}
-	return nil
+	c.Response().Header().Set("Retry-After", strconv.Itoa(int((m.cfg.RetryAfter+time.Second-1)/time.Second)))
+	return m.refuse(c, problem.New(http.StatusConflict, "request-in-progress",
+		"Request in progress",
+		"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."))
 }
 
-// storedHeaders are the response headers kept for replay: those that change
-// what the response means. Per-response headers (Date, request ids,
-// Set-Cookie) are not replayed.
-var storedHeaders = []string{echo.HeaderContentType, echo.HeaderLocation, "Content-Language"}
-
-// chosen reports whether err is an outcome a handler returned on purpose
-// (a problem or an HTTP error with its status), as opposed to a failure.
-func chosen(err error) bool {
-	var p *problem.Problem
-	var he *echo.HTTPError
-	return errors.As(err, &p) || errors.As(err, &he)
-}
-
-func (m *middleware) release(ctx context.Context, claim *Claim) {
-	if err := m.store.Release(ctx, claim); err != nil && !errors.Is(err, ErrLeaseLost) {
-		// The key stays IN_PROGRESS until its lease expires: a retry then takes over.
-		m.cfg.Logger.Warn("idempotency: release failed", "key", claim.Key, "err", err)
-	}
-}
+// waitedKey marks a request that already waited WaitInFlight for its original.
+const waitedKey = "idempotency.waited"
 
 func (m *middleware) refuse(c echo.Context, p *problem.Problem) error {
 	p.Instance = c.Request().URL.Path
@@ -285,25 +277,6 @@ func (r Response) Write(c echo.Context) error {
 	c.Response().WriteHeader(r.status())
 	_, err := c.Response().Write(r.Body)
 	return err
-}
-
-// Reject marks err as a refusal before execution (typically a validation
-// error): the middleware releases the key, so nothing is stored and the
-// corrected request may reuse it, and then returns err itself.
-func Reject(err error) error { return &rejection{err: err} }
-
-type rejection struct{ err error }
-
-func (r *rejection) Error() string { return r.err.Error() }
-func (r *rejection) Unwrap() error { return r.err }
-
-type claimKey struct{}
-
-// ClaimFrom returns the claim the middleware put in ctx, or nil on a route
-// without the middleware (a nil *Claim's methods do nothing).
-func ClaimFrom(ctx context.Context) *Claim {
-	c, _ := ctx.Value(claimKey{}).(*Claim)
-	return c
 }
 
 // ValidateKey checks the protocol's key rule: 1 to 255 visible ASCII
@@ -430,17 +403,3 @@ func paramPairs(c echo.Context) []string {
 	}
 	return pairs
 }
-
-// recorder passes writes through to the client and keeps a copy of the body.
-type recorder struct {
-	http.ResponseWriter
-	body bytes.Buffer
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	r.body.Write(b)
-	return r.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the real writer (Flush, deadlines).
-func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

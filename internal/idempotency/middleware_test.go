@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -23,7 +24,10 @@ func TestMiddleware(t *testing.T) {
 		{"SameKeyOtherUserExecutesIndependently", testSameKeyOtherUserExecutesIndependently},
 		{"RetryTakesOverFromADeadOwner", testRetryTakesOverFromADeadOwner},
 		{"PanicLeavesKeyInProgressUntilLeaseExpires", testPanicLeavesKeyInProgressUntilLeaseExpires},
-		{"ChosenOutcomesAreStoredUnexpectedErrorsAreNot", testChosenOutcomesAreStoredUnexpectedErrorsAreNot},
+		{"RefusalsAreStoredFailuresAreNot", testRefusalsAreStoredFailuresAreNot},
+		{"FailureAfterTheFirstCommitEndsTheLease", testFailureAfterTheFirstCommitEndsTheLease},
+		{"AnOwnerThatLostItsKeyAnswersTheWinners", testAnOwnerThatLostItsKeyAnswersTheWinners},
+		{"DuplicateWaitsForTheOriginalsTransactionBounded", testDuplicateWaitsForTheOriginalsTransactionBounded},
 		{"RejectedBeforeExecutionStoresNothing", testRejectedBeforeExecutionStoresNothing},
 		{"MissingOrMalformedKeyIs400", testMissingOrMalformedKeyIs400},
 		{"FormSubmissionWithHiddenKey", testFormSubmissionWithHiddenKey},
@@ -31,8 +35,10 @@ func TestMiddleware(t *testing.T) {
 	})
 }
 
-// 100 copies of one request, one key, released at once: the handler body runs
+// 100 copies of one request, one key, released at once: the workflow runs
 // exactly once; every other answer is its replay or a 409; none is a 500.
+// Copies that reach the claim while the original's transaction is open wait
+// for it on the unique index and then replay its answer.
 func testConcurrentDuplicatesExecuteOnce(t *testing.T, b bundle) {
 	a := &app{pool: b.pool, store: b.store, delay: 100 * time.Millisecond}
 	srv := a.server(t, idempotency.Config{})
@@ -148,12 +154,9 @@ func testRetryTakesOverFromADeadOwner(t *testing.T, b bundle) {
 	srv := a.server(t, idempotency.Config{})
 	body := `{"note":"hi"}`
 
-	dead, err := b.store.Claim(ctx, b.alice, "k1", idempotency.Fingerprint(idempotency.Request{
+	dead := claimCommitted(t, b, "k1", idempotency.Fingerprint(idempotency.Request{
 		Method: http.MethodPost, Route: "/api/notes", ContentType: "application/json", Body: []byte(body),
 	}))
-	if err != nil || dead == nil {
-		t.Fatalf("Claim = %v, %v", dead, err)
-	}
 	if r := postJSON(t, srv, "/api/notes", b.alice, "k1", body); r.status != http.StatusConflict {
 		t.Fatalf("under a live lease = %d %s, want 409", r.status, r.body)
 	}
@@ -164,7 +167,7 @@ func testRetryTakesOverFromADeadOwner(t *testing.T, b bundle) {
 		t.Fatalf("retry after the lease = %d %s, want 201 executed", retry.status, retry.body)
 	}
 
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO notes (user_id, note) VALUES ($1, 'zombie')`, b.alice); err != nil {
 			return err
 		}
@@ -197,9 +200,10 @@ func testPanicLeavesKeyInProgressUntilLeaseExpires(t *testing.T, b bundle) {
 	}
 }
 
-// Outcomes the handler chose (here a 404 problem) are stored and replayed;
-// unexpected errors release the key so a retry executes afresh.
-func testChosenOutcomesAreStoredUnexpectedErrorsAreNot(t *testing.T, b bundle) {
+// A business refusal (here a 404) is the workflow's answer: stored with the
+// claim in one commit and replayed. A failure rolls the claim back with
+// everything else, so a retry executes afresh.
+func testRefusalsAreStoredFailuresAreNot(t *testing.T, b bundle) {
 	ctx := context.Background()
 	a := &app{pool: b.pool, store: b.store}
 	srv := a.server(t, idempotency.Config{})
@@ -210,7 +214,7 @@ func testChosenOutcomesAreStoredUnexpectedErrorsAreNot(t *testing.T, b bundle) {
 	}
 	again := postJSON(t, srv, "/api/notes/7/missing", b.alice, "k404", `{}`)
 	if !again.replayed() {
-		t.Error("the chosen 404 was not replayed")
+		t.Error("the stored 404 was not replayed")
 	}
 	sameResponse(t, notFound, again)
 
@@ -218,13 +222,111 @@ func testChosenOutcomesAreStoredUnexpectedErrorsAreNot(t *testing.T, b bundle) {
 		t.Fatalf("failing route = %d, want 500", r.status)
 	}
 	if _, err := b.store.Lookup(ctx, b.alice, "k500"); !errors.Is(err, idempotency.ErrNotFound) {
-		t.Errorf("an unexpected 500 left its key behind: %v", err)
+		t.Errorf("a failed workflow left its key behind: %v", err)
+	}
+	if r := postJSON(t, srv, "/api/fail", b.alice, "k500", `{}`); r.status != http.StatusInternalServerError || a.executions.Load() != 3 {
+		t.Errorf("retry of the failed request = %d after %d executions, want 500 after a third execution", r.status, a.executions.Load())
+	}
+}
+
+// A workflow whose claim committed (it called another system) and which then
+// failed to record the outcome ends its lease: the retry need not wait for
+// the lease to run out, it takes over at once.
+func testFailureAfterTheFirstCommitEndsTheLease(t *testing.T, b bundle) {
+	a := &app{pool: b.pool, store: b.store}
+	srv := a.server(t, idempotency.Config{})
+
+	if r := postJSON(t, srv, "/api/two-step", b.alice, "k", `{"outcome":"fail"}`); r.status != http.StatusInternalServerError {
+		t.Fatalf("failing second step = %d %s, want 500", r.status, r.body)
+	}
+	rec, err := b.store.Lookup(context.Background(), b.alice, "k")
+	if err != nil || rec.Status != idempotency.StatusInProgress || !rec.LeaseExpired {
+		t.Fatalf("after the failure: %+v, %v; want IN_PROGRESS with its lease ended", rec, err)
+	}
+	retry := postJSON(t, srv, "/api/two-step", b.alice, "k", `{"outcome":"fail"}`)
+	if retry.status != http.StatusInternalServerError || a.executions.Load() != 2 {
+		t.Fatalf("retry = %d after %d executions; want it to take over and run again", retry.status, a.executions.Load())
+	}
+}
+
+// The paused owner: A claims and commits, then stalls past its lease; B (a
+// retry with the same key) takes the key over and completes it. When A wakes
+// its fenced Complete changes nothing — and A answers nothing of its own: its
+// client gets B's stored answer, replayed, never a lease-lost error.
+func testAnOwnerThatLostItsKeyAnswersTheWinners(t *testing.T, b bundle) {
+	paused := &app{pool: b.pool, store: b.store, started: make(chan struct{}, 1), proceed: make(chan struct{})}
+	srvA := paused.server(t, idempotency.Config{})
+	retry := &app{pool: b.pool, store: b.store}
+	srvB := retry.server(t, idempotency.Config{})
+
+	answerA := make(chan result)
+	go func() { answerA <- postJSON(t, srvA, "/api/two-step", b.alice, "k", `{}`) }()
+	<-paused.started
+
+	b.store.SetNow(later(testLease + time.Second)) // A's lease runs out while it is paused
+	answerB := postJSON(t, srvB, "/api/two-step", b.alice, "k", `{}`)
+	if answerB.status != http.StatusOK || answerB.replayed() {
+		t.Fatalf("B = %d %s, want 200 executed", answerB.status, answerB.body)
+	}
+	b.store.SetNow(time.Time{})
+	close(paused.proceed)
+	a := <-answerA
+	if !a.replayed() {
+		t.Errorf("A answered %d %s of its own; want B's answer replayed", a.status, a.body)
+	}
+	sameResponse(t, answerB, a)
+	rec, err := b.store.Lookup(context.Background(), b.alice, "k")
+	if err != nil || string(rec.Response.Body) != answerB.body {
+		t.Errorf("stored answer = %+v, %v; want B's", rec, err)
+	}
+}
+
+// A duplicate that reaches the claim while the original's first transaction
+// is open waits for it — and replays its answer. The wait is bounded: past
+// the claim's wait it is told the request is in progress.
+func testDuplicateWaitsForTheOriginalsTransactionBounded(t *testing.T, b bundle) {
+	for i, tc := range []struct {
+		name      string
+		delay     time.Duration
+		claimWait time.Duration
+		want      int
+	}{
+		{"original commits within the wait: replay", 300 * time.Millisecond, 2 * time.Second, http.StatusCreated},
+		{"original outlasts the wait: 409", 1500 * time.Millisecond, 200 * time.Millisecond, http.StatusConflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := idempotency.NewStore(b.pool, testLease, testTTL)
+			store.SetClaimWait(tc.claimWait)
+			a := &app{pool: b.pool, store: store, delay: tc.delay, started: make(chan struct{}, 1)}
+			srv := a.server(t, idempotency.Config{})
+			key := fmt.Sprintf("wait-%d", i)
+			firstDone := make(chan result)
+			go func() { firstDone <- postJSON(t, srv, "/api/notes", b.alice, key, `{"note":"x"}`) }()
+			<-a.started // the original holds the key inside its open transaction
+			second := postJSON(t, srv, "/api/notes", b.alice, key, `{"note":"x"}`)
+			first := <-firstDone
+			if second.status != tc.want {
+				t.Fatalf("duplicate = %d %s, want %d", second.status, second.body, tc.want)
+			}
+			if tc.want == http.StatusCreated {
+				if !second.replayed() {
+					t.Error("the duplicate executed instead of replaying")
+				}
+				sameResponse(t, first, second)
+			} else if second.header.Get("Retry-After") == "" || !strings.Contains(second.body, "request-in-progress") {
+				t.Errorf("409 without Retry-After or type: %v %s", second.header, second.body)
+			}
+			if a.executions.Load() != 1 {
+				t.Errorf("executions = %d, want 1", a.executions.Load())
+			}
+		})
 	}
 }
 
 // Requests refused before execution store nothing: a key that is missing or
 // malformed, an unauthenticated caller, or a validation error the handler
-// signals with Reject. The corrected request may then reuse the key.
+// returns before its workflow claims the key. The corrected request may then
+// reuse the key.
 func testRejectedBeforeExecutionStoresNothing(t *testing.T, b bundle) {
 	a := &app{pool: b.pool, store: b.store}
 	srv := a.server(t, idempotency.Config{})
@@ -314,29 +416,50 @@ func testFormSubmissionWithHiddenKey(t *testing.T, b bundle) {
 	}
 }
 
-// A double-click: the second submission arrives while the first runs. With
-// WaitInFlight it waits for the first and replays its redirect; without, it
-// gets the in-flight notice and Retry-After.
+// A double-click. On a form whose work stays in PostgreSQL the second
+// submission waits on the claim for the first's transaction and replays its
+// redirect. On a form whose work calls another system, the first's claim is
+// committed while the call is under way: with WaitInFlight the second waits
+// for the answer and replays it; without, it gets the in-flight notice and
+// Retry-After.
 func testFormDoubleClick(t *testing.T, b bundle) {
+	a := &app{pool: b.pool, store: b.store, delay: 300 * time.Millisecond, started: make(chan struct{}, 1)}
+	srv := a.server(t, idempotency.Config{})
+	form := url.Values{"note": {"x"}, "idempotency_key": {"dbl-one-tx"}}
+	firstDone := make(chan result)
+	go func() { firstDone <- postForm(t, srv, "/forms/notes", b.alice, form) }()
+	<-a.started
+	second := postForm(t, srv, "/forms/notes", b.alice, form)
+	first := <-firstDone
+	if !second.replayed() {
+		t.Errorf("one transaction: second = %d %v, want the replayed redirect", second.status, second.header)
+	}
+	sameResponse(t, first, second)
+
 	for _, wait := range []time.Duration{0, 2 * time.Second} {
-		a := &app{pool: b.pool, store: b.store, delay: 300 * time.Millisecond, started: make(chan struct{}, 1)}
+		a := &app{pool: b.pool, store: b.store, started: make(chan struct{}, 1), proceed: make(chan struct{})}
 		srv := a.server(t, idempotency.Config{WaitInFlight: wait})
-		form := url.Values{"note": {"x"}, "idempotency_key": {"dbl-" + wait.String()}}
+		form := url.Values{"idempotency_key": {"dbl-" + wait.String()}}
 
 		firstDone := make(chan result)
-		go func() { firstDone <- postForm(t, srv, "/forms/notes", b.alice, form) }()
+		go func() { firstDone <- postForm(t, srv, "/forms/two-step", b.alice, form) }()
 		<-a.started
-		second := postForm(t, srv, "/forms/notes", b.alice, form)
-		first := <-firstDone
-
+		secondDone := make(chan result)
+		go func() { secondDone <- postForm(t, srv, "/forms/two-step", b.alice, form) }()
 		if wait == 0 {
+			second := <-secondDone
+			close(a.proceed)
+			<-firstDone
 			if second.status != http.StatusConflict || second.header.Get("Retry-After") != "1" ||
 				!strings.Contains(second.body, "Request in progress") {
 				t.Errorf("no wait: second = %d %v %q, want 409 notice", second.status, second.header, second.body)
 			}
 		} else {
+			time.Sleep(200 * time.Millisecond) // the second is waiting
+			close(a.proceed)
+			first, second := <-firstDone, <-secondDone
 			if !second.replayed() {
-				t.Errorf("waiting: second = %d %v, want the replayed redirect", second.status, second.header)
+				t.Errorf("waiting: second = %d %v, want the replayed answer", second.status, second.header)
 			}
 			sameResponse(t, first, second)
 		}

@@ -1,16 +1,17 @@
 package idempotency
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/database"
@@ -22,8 +23,14 @@ var (
 	// over after the lease expired, or it was purged). The caller's transaction
 	// must roll back: someone else executes, or has executed, the request.
 	ErrLeaseLost = errors.New("idempotency: lease lost")
-	// ErrInProgress: another request holds the key under a live lease.
+	// ErrInProgress: another request holds the key under a live lease, or
+	// its first transaction did not end within the claim's wait.
 	ErrInProgress = errors.New("idempotency: request in progress")
+	// ErrAlreadyClaimed: the key exists and is not the caller's to take —
+	// another request completed it, or holds it under a live lease. The
+	// workflow's transaction rolls back, and the middleware answers from the
+	// store (a replay, or 409 request-in-progress).
+	ErrAlreadyClaimed = errors.New("idempotency: key already claimed")
 	// ErrFingerprintMismatch: the key was first used for a different request.
 	ErrFingerprintMismatch = errors.New("idempotency: key reused for a different request")
 	// ErrNotFound: no row for this key (never used, released or purged).
@@ -42,6 +49,10 @@ type Store struct {
 	pool  *pgxpool.Pool
 	lease time.Duration
 	ttl   time.Duration
+	// claimWait bounds how long a claim waits for a concurrent duplicate's
+	// open transaction (lock_timeout on the INSERT); past it the duplicate
+	// is answered 409 request-in-progress.
+	claimWait time.Duration
 	// now, when set, replaces the database's now() in every query (tests move
 	// time with it instead of sleeping). nil means the database clock.
 	now atomic.Pointer[time.Time]
@@ -51,27 +62,30 @@ type Store struct {
 // owner counts as alive) and whose keys are kept ttl after their last write
 // (how long a completed response is replayed before the janitor may purge it).
 func NewStore(pool *pgxpool.Pool, lease, ttl time.Duration) *Store {
-	return &Store{pool: pool, lease: lease, ttl: ttl}
+	return &Store{pool: pool, lease: lease, ttl: ttl, claimWait: DefaultClaimWait}
 }
+
+// DefaultClaimWait is how long a duplicate waits for the original's first
+// transaction before it is told the request is in progress. The original's
+// first transaction holds no network call, so it normally ends within
+// milliseconds; the bound is for an original stuck on a lock.
+const DefaultClaimWait = 2 * time.Second
 
 // clock is the $n argument every query passes to coalesce($n::timestamptz, now()).
 func (s *Store) clock() *time.Time { return s.now.Load() }
 
 // Claim is the right to execute one request: the key's current owner token.
-// Handlers get it with ClaimFrom and finish it with Complete.
+// The workflow gets it from Attempt.Claim in its first transaction and
+// finishes it with Complete in the transaction that stores the answer.
 //
-// A nil *Claim is valid: Complete and Release do nothing and return nil, so a
-// handler works unchanged on a route without the middleware.
+// A nil *Claim is valid: Complete does nothing and returns nil, so a
+// workflow runs unchanged without a request key (the recovery loop, tests).
 type Claim struct {
 	UserID int64
 	Key    string
 
 	store *Store
 	token [16]byte // owner_token: the fence every owner write carries
-
-	// completed is the response Complete stored, nil until then. Only the
-	// request's goroutine touches it.
-	completed *Response
 }
 
 // Record is a key's row as Lookup reads it.
@@ -83,12 +97,23 @@ type Record struct {
 	ExpiresAt    time.Time
 }
 
-// Claim inserts the key IN_PROGRESS with a fresh owner token and lease. It
-// returns the *Claim when this caller now owns execution, and (nil, nil) when
-// a row already exists: someone else owns, or owned, the key.
-func (s *Store) Claim(ctx context.Context, userID int64, key string, fingerprint []byte) (*Claim, error) {
+// Claim inserts the key IN_PROGRESS with a fresh owner token and lease, on
+// tx — the workflow's first transaction, so the claim commits with the
+// request's first business writes or not at all. It returns the *Claim when
+// this caller now owns execution, and (nil, nil) when a row already exists:
+// someone else owns, or owned, the key.
+//
+// A duplicate whose original is still inside its first transaction waits
+// here on the unique index until that transaction ends (then it sees the
+// committed row, or none if it rolled back) — at most claimWait, after which
+// it gets ErrInProgress.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, userID int64, key string, fingerprint []byte) (*Claim, error) {
 	c := &Claim{UserID: userID, Key: key, store: s}
-	err := s.pool.QueryRow(ctx, `
+	// One round trip: bound the wait, claim, lift the bound for the rest of
+	// the workflow's transaction.
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(s.claimWait.Milliseconds(), 10))
+	claimed := batch.Queue(`
 		INSERT INTO idempotency_keys (
 		    user_id, idempotency_key, request_fingerprint,
 		    status, owner_token, lease_expires_at,
@@ -100,27 +125,43 @@ func (s *Store) Claim(ctx context.Context, userID int64, key string, fingerprint
 		-- 0 rows: the key exists, someone else owns or owned it
 		ON CONFLICT (user_id, idempotency_key) DO NOTHING
 		RETURNING owner_token`,
-		userID, key, fingerprint, s.clock(), s.lease, s.ttl,
-	).Scan(&c.token)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		userID, key, fingerprint, s.clock(), s.lease, s.ttl)
+	var mine bool
+	claimed.QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&c.token)
+		mine = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	batch.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+	err := tx.SendBatch(ctx, batch).Close()
+	var pgErr *pgconn.PgError
+	// 55P03 lock_not_available: the original's transaction outlasted claimWait.
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return nil, ErrInProgress
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: claim: %w", err)
+	}
+	if !mine {
+		return nil, nil
 	}
 	return c, nil
 }
 
 // TakeOver makes the caller the owner of an IN_PROGRESS key whose lease has
-// expired, for a retry of the same request only. The new owner token fences
+// expired, for a retry of the same request only, on tx (the retry's first
+// transaction, like Claim). The new owner token fences
 // the old owner out: its Complete will find no row. It returns (nil, nil)
 // when the key is not up for grabs (the owner is alive, the request completed,
 // the fingerprint differs, or another retry took it over first).
-func (s *Store) TakeOver(ctx context.Context, userID int64, key string, fingerprint []byte) (*Claim, error) {
+func (s *Store) TakeOver(ctx context.Context, tx pgx.Tx, userID int64, key string, fingerprint []byte) (*Claim, error) {
 	c := &Claim{UserID: userID, Key: key, store: s}
 	// Two retries racing here both try the UPDATE: the second waits for the
 	// first's row lock, re-checks the WHERE on the new row, and matches nothing.
-	err := s.pool.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, `
 		UPDATE idempotency_keys
 		   SET owner_token = gen_random_uuid(),
 		       lease_expires_at = clock.now + $5::interval,
@@ -190,27 +231,29 @@ func (s *Store) Complete(ctx context.Context, tx database.DBTX, c *Claim, resp R
 	return nil
 }
 
-// Release deletes the claim's key while it is still IN_PROGRESS and owned by
-// the caller, so the next request with the key executes afresh. The middleware
-// uses it for requests rejected before execution and for unexpected errors.
-// It returns ErrLeaseLost when the caller no longer owns an IN_PROGRESS key
-// (a completed key is never released). A nil claim returns nil.
-func (s *Store) Release(ctx context.Context, c *Claim) error {
+// EndLease ends the claim's lease now, while the key is still IN_PROGRESS
+// and owned by the caller: a retry may take it over at once instead of
+// waiting for the lease to run out. The middleware calls it when a workflow
+// failed after its first commit (a cancellation whose outcome could not be
+// recorded). It returns ErrLeaseLost when the caller does not own an
+// IN_PROGRESS key — in particular when the claim never committed. A nil
+// claim returns nil.
+func (s *Store) EndLease(ctx context.Context, c *Claim) error {
 	if c == nil {
 		return nil
 	}
 	tag, err := s.pool.Exec(ctx, `
-		DELETE FROM idempotency_keys
+		UPDATE idempotency_keys
+		   SET lease_expires_at = coalesce($4::timestamptz, now())
 		 WHERE user_id = $1
 		   AND idempotency_key = $2
-		   -- the fence: only the current owner releases
+		   -- the fence: only the current owner gives its lease up
 		   AND owner_token = $3
-		   -- never a completed key: its response must stay replayable
 		   AND status = 'IN_PROGRESS'
-		-- 0 rows: lease lost, or the key completed`,
-		c.UserID, c.Key, c.token)
+		-- 0 rows: lease lost, the key completed, or the claim rolled back`,
+		c.UserID, c.Key, c.token, s.clock())
 	if err != nil {
-		return fmt.Errorf("idempotency: release: %w", err)
+		return fmt.Errorf("idempotency: end lease: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return ErrLeaseLost
@@ -278,49 +321,6 @@ func (s *Store) Purge(ctx context.Context, batch int) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// Acquire runs the protocol's decision for one request, built from the
-// statements above. It returns exactly one of:
-//
-//   - a *Claim: the caller executes the request (a first claim, or a take-over
-//     from an owner whose lease expired);
-//   - a completed *Record: the caller replays its Response;
-//   - ErrInProgress: another request holds the key under a live lease;
-//   - ErrFingerprintMismatch: the key belongs to a different request;
-//   - another error: the database failed.
-//
-// Every path ends in a conditional write or a read of an immutable completed
-// row, so any interleaving of concurrent calls leaves exactly one executor.
-func (s *Store) Acquire(ctx context.Context, userID int64, key string, fingerprint []byte) (*Claim, *Record, error) {
-	// Each extra round means the row changed hands between our statements
-	// (released, purged or taken over); three rounds of that is contention
-	// worth answering with "in progress, retry".
-	for range 3 {
-		claim, err := s.Claim(ctx, userID, key, fingerprint)
-		if err != nil || claim != nil {
-			return claim, nil, err
-		}
-		rec, err := s.Lookup(ctx, userID, key)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			continue // released or purged since our INSERT: claim again
-		case err != nil:
-			return nil, nil, err
-		case !bytes.Equal(rec.Fingerprint, fingerprint):
-			return nil, nil, ErrFingerprintMismatch
-		case rec.Status == StatusCompleted:
-			return nil, rec, nil
-		case !rec.LeaseExpired:
-			return nil, nil, ErrInProgress
-		}
-		claim, err = s.TakeOver(ctx, userID, key, fingerprint)
-		if err != nil || claim != nil {
-			return claim, nil, err
-		}
-		// someone else took over or completed first: look again
-	}
-	return nil, nil, ErrInProgress
-}
-
 // Complete stores resp as the response of the claim's request, on tx (see
 // Store.Complete). It returns ErrLeaseLost when the caller no longer owns the
 // key: return it, so the transaction rolls back. A nil claim returns nil.
@@ -328,11 +328,7 @@ func (c *Claim) Complete(ctx context.Context, tx database.DBTX, resp Response) e
 	if c == nil {
 		return nil
 	}
-	if err := c.store.Complete(ctx, tx, c, resp); err != nil {
-		return err
-	}
-	c.completed = &resp
-	return nil
+	return c.store.Complete(ctx, tx, c, resp)
 }
 
 // Response is what a completed key replays: status, the headers that matter

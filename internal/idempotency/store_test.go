@@ -19,7 +19,8 @@ func TestStore(t *testing.T) {
 		{"ClaimThenCompleteThenReplay", testClaimThenCompleteThenReplay},
 		{"ZombieOwnerIsFencedOut", testZombieOwnerIsFencedOut},
 		{"TakeOverWaitsForAnOpenCompletion", testTakeOverWaitsForAnOpenCompletion},
-		{"ReleaseNeverDeletesACompletedKey", testReleaseNeverDeletesACompletedKey},
+		{"ClaimWaitsForTheOriginalsTransaction", testClaimWaitsForTheOriginalsTransaction},
+		{"EndLeaseNeverTouchesACompletedKey", testEndLeaseNeverTouchesACompletedKey},
 	})
 }
 
@@ -28,34 +29,53 @@ func fp(s string) []byte {
 	return sum[:]
 }
 
+// claimCommitted claims key in a transaction of its own and commits, as a
+// workflow's first transaction does before it calls another system.
+func claimCommitted(t testing.TB, b bundle, key string, fingerprint []byte) *idempotency.Claim {
+	t.Helper()
+	c, err := claimIn(context.Background(), b, b.alice, key, fingerprint)
+	if err != nil || c == nil {
+		t.Fatalf("claim %q = %v, %v", key, c, err)
+	}
+	return c
+}
+
+func claimIn(ctx context.Context, b bundle, user int64, key string, fingerprint []byte) (*idempotency.Claim, error) {
+	return claimWith(ctx, b.store, b, user, key, fingerprint)
+}
+
+// claimWith claims key for user through store, committed.
+func claimWith(ctx context.Context, store *idempotency.Store, b bundle, user int64, key string, fingerprint []byte) (c *idempotency.Claim, err error) {
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		c, err = store.Claim(ctx, tx, user, key, fingerprint)
+		return err
+	})
+	return c, err
+}
+
 func testClaimThenCompleteThenReplay(t *testing.T, b bundle) {
 	ctx := context.Background()
 
-	claim, rec, err := b.store.Acquire(ctx, b.alice, "k1", fp("req"))
-	if err != nil || claim == nil || rec != nil {
-		t.Fatalf("first Acquire = %v, %v, %v; want a claim", claim, rec, err)
+	claim := claimCommitted(t, b, "k1", fp("req"))
+	if c, err := claimIn(ctx, b, b.alice, "k1", fp("req")); err != nil || c != nil {
+		t.Fatalf("second claim = %v, %v; want nothing: the key is taken", c, err)
 	}
-	if _, _, err := b.store.Acquire(ctx, b.alice, "k1", fp("req")); !errors.Is(err, idempotency.ErrInProgress) {
-		t.Fatalf("duplicate while in flight: err = %v, want ErrInProgress", err)
+	rec, err := b.store.Lookup(ctx, b.alice, "k1")
+	if err != nil || rec.Status != idempotency.StatusInProgress || rec.LeaseExpired {
+		t.Fatalf("in flight: %+v, %v; want IN_PROGRESS under a live lease", rec, err)
 	}
 	want := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
 	if err := claim.Complete(ctx, b.pool, want); err != nil {
 		t.Fatal(err)
 	}
-	_, rec, err = b.store.Acquire(ctx, b.alice, "k1", fp("req"))
-	if err != nil || rec == nil {
-		t.Fatalf("Acquire after completion = %v, %v; want a record", rec, err)
-	}
-	if rec.Status != idempotency.StatusCompleted || rec.Response.Status != 201 ||
+	rec, err = b.store.Lookup(ctx, b.alice, "k1")
+	if err != nil || rec.Status != idempotency.StatusCompleted || rec.Response.Status != 201 ||
 		string(rec.Response.Body) != `{"id":1}` || rec.Response.Header.Get("Content-Type") != "application/json" {
-		t.Errorf("replayed record = %+v", rec)
-	}
-	if _, _, err := b.store.Acquire(ctx, b.alice, "k1", fp("other")); !errors.Is(err, idempotency.ErrFingerprintMismatch) {
-		t.Errorf("other request, same key: err = %v, want ErrFingerprintMismatch", err)
+		t.Errorf("completed record = %+v, %v", rec, err)
 	}
 	// Keys are per user: bob's k1 is another key altogether.
-	if claim, _, err := b.store.Acquire(ctx, b.bob, "k1", fp("other")); err != nil || claim == nil {
-		t.Errorf("bob's k1: claim = %v, err = %v; want a claim", claim, err)
+	if c, err := claimIn(ctx, b, b.bob, "k1", fp("other")); err != nil || c == nil {
+		t.Errorf("bob's k1: claim = %v, err = %v; want a claim", c, err)
 	}
 }
 
@@ -65,19 +85,16 @@ func testClaimThenCompleteThenReplay(t *testing.T, b bundle) {
 func testZombieOwnerIsFencedOut(t *testing.T, b bundle) {
 	ctx := context.Background()
 
-	old, err := b.store.Claim(ctx, b.alice, "k", fp("req"))
-	if err != nil || old == nil {
-		t.Fatalf("Claim = %v, %v", old, err)
-	}
-	if c, err := b.store.TakeOver(ctx, b.alice, "k", fp("req")); err != nil || c != nil {
+	old := claimCommitted(t, b, "k", fp("req"))
+	if c, err := takeOverIn(ctx, b, "k", fp("req")); err != nil || c != nil {
 		t.Fatalf("TakeOver under a live lease = %v, %v; want nothing", c, err)
 	}
 
 	b.store.SetNow(later(testLease + time.Second))
-	if c, err := b.store.TakeOver(ctx, b.alice, "k", fp("different")); err != nil || c != nil {
+	if c, err := takeOverIn(ctx, b, "k", fp("different")); err != nil || c != nil {
 		t.Fatalf("TakeOver by a different request = %v, %v; want nothing", c, err)
 	}
-	retry, err := b.store.TakeOver(ctx, b.alice, "k", fp("req"))
+	retry, err := takeOverIn(ctx, b, "k", fp("req"))
 	if err != nil || retry == nil {
 		t.Fatalf("TakeOver after the lease = %v, %v; want a claim", retry, err)
 	}
@@ -95,9 +112,17 @@ func testZombieOwnerIsFencedOut(t *testing.T, b bundle) {
 	if n := count(t, b.pool, `SELECT count(*) FROM notes WHERE user_id = $1 AND note = 'retry'`, b.alice); n != 1 {
 		t.Errorf("retry's notes = %d, want 1", n)
 	}
-	if err := b.store.Release(ctx, old); !errors.Is(err, idempotency.ErrLeaseLost) {
-		t.Errorf("zombie's Release: err = %v, want ErrLeaseLost", err)
+	if err := b.store.EndLease(ctx, old); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Errorf("zombie's EndLease: err = %v, want ErrLeaseLost", err)
 	}
+}
+
+func takeOverIn(ctx context.Context, b bundle, key string, fingerprint []byte) (c *idempotency.Claim, err error) {
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		c, err = b.store.TakeOver(ctx, tx, b.alice, key, fingerprint)
+		return err
+	})
+	return c, err
 }
 
 // writeNote is a handler's transaction: a business write, then Complete.
@@ -115,7 +140,7 @@ func writeNote(ctx context.Context, b bundle, claim *idempotency.Claim, note str
 func testTakeOverWaitsForAnOpenCompletion(t *testing.T, b bundle) {
 	ctx := context.Background()
 
-	old, _ := b.store.Claim(ctx, b.alice, "k", fp("req"))
+	old := claimCommitted(t, b, "k", fp("req"))
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +153,7 @@ func testTakeOverWaitsForAnOpenCompletion(t *testing.T, b bundle) {
 	b.store.SetNow(later(testLease + time.Second))
 	done := make(chan *idempotency.Claim)
 	go func() {
-		c, err := b.store.TakeOver(ctx, b.alice, "k", fp("req"))
+		c, err := takeOverIn(ctx, b, "k", fp("req"))
 		if err != nil {
 			t.Error(err)
 		}
@@ -147,22 +172,67 @@ func testTakeOverWaitsForAnOpenCompletion(t *testing.T, b bundle) {
 	}
 }
 
-func testReleaseNeverDeletesACompletedKey(t *testing.T, b bundle) {
+// Claim waits on the unique index for a concurrent claim's open
+// transaction: when it commits, the key is taken; when it rolls back (a crash
+// before the first commit), the key was never claimed and the waiter gets it.
+func testClaimWaitsForTheOriginalsTransaction(t *testing.T, b bundle) {
+	ctx := context.Background()
+	for _, commit := range []bool{true, false} {
+		key := fmt.Sprintf("wait-%v", commit)
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := b.store.Claim(ctx, tx, b.alice, key, fp("req")); err != nil || c == nil {
+			t.Fatalf("original claim = %v, %v", c, err)
+		}
+		done := make(chan *idempotency.Claim)
+		go func() {
+			c, err := claimIn(ctx, b, b.alice, key, fp("req"))
+			if err != nil {
+				t.Error(err)
+			}
+			done <- c
+		}()
+		select {
+		case c := <-done:
+			t.Fatalf("the duplicate's claim did not wait (got %v)", c)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := <-done; (c != nil) == commit {
+			t.Errorf("original committed=%v: the duplicate's claim = %v", commit, c)
+		}
+	}
+}
+
+func testEndLeaseNeverTouchesACompletedKey(t *testing.T, b bundle) {
 	ctx := context.Background()
 
-	claim, _ := b.store.Claim(ctx, b.alice, "k", fp("req"))
+	claim := claimCommitted(t, b, "k", fp("req"))
 	if err := claim.Complete(ctx, b.pool, idempotency.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.Release(ctx, claim); !errors.Is(err, idempotency.ErrLeaseLost) {
-		t.Errorf("Release of a completed key: err = %v, want ErrLeaseLost", err)
+	if err := b.store.EndLease(ctx, claim); !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Errorf("EndLease of a completed key: err = %v, want ErrLeaseLost", err)
 	}
-	if _, err := b.store.Lookup(ctx, b.alice, "k"); err != nil {
-		t.Errorf("completed key gone after Release: %v", err)
+	if rec, err := b.store.Lookup(ctx, b.alice, "k"); err != nil || rec.Status != idempotency.StatusCompleted {
+		t.Errorf("completed key after EndLease: %+v, %v", rec, err)
 	}
 	var nilClaim *idempotency.Claim
 	if err := nilClaim.Complete(ctx, b.pool, idempotency.Response{}); err != nil {
 		t.Errorf("nil claim Complete = %v, want nil", err)
+	}
+	var nilAttempt *idempotency.Attempt
+	if c, err := nilAttempt.Claim(ctx, nil); c != nil || err != nil {
+		t.Errorf("nil attempt Claim = %v, %v; want nothing", c, err)
 	}
 }
 
@@ -172,7 +242,7 @@ func TestJanitorPurgesExpiredKeysInBatches(t *testing.T) {
 	ctx := context.Background()
 
 	for i := range 25 {
-		c, err := b.store.Claim(ctx, b.alice, fmt.Sprint("done-", i), fp("req"))
+		c, err := claimIn(ctx, b, b.alice, fmt.Sprint("done-", i), fp("req"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +251,7 @@ func TestJanitorPurgesExpiredKeysInBatches(t *testing.T) {
 		}
 	}
 	// A key whose owner died long ago: purged too, once its retention passed.
-	if _, err := b.store.Claim(ctx, b.alice, "abandoned", fp("req")); err != nil {
+	if _, err := claimIn(ctx, b, b.alice, "abandoned", fp("req")); err != nil {
 		t.Fatal(err)
 	}
 	// A key claimed "tomorrow" under a live lease, on a store whose TTL is
@@ -189,12 +259,12 @@ func TestJanitorPurgesExpiredKeysInBatches(t *testing.T) {
 	short := idempotency.NewStore(b.pool, time.Hour, time.Minute)
 	tomorrow := later(testTTL + time.Hour)
 	short.SetNow(tomorrow)
-	if _, err := short.Claim(ctx, b.alice, "leased", fp("req")); err != nil {
+	if _, err := claimWith(ctx, short, b, b.alice, "leased", fp("req")); err != nil {
 		t.Fatal(err)
 	}
 	// A key completed "tomorrow": within its retention.
 	b.store.SetNow(tomorrow)
-	recent, _ := b.store.Claim(ctx, b.bob, "recent", fp("req"))
+	recent, _ := claimIn(ctx, b, b.bob, "recent", fp("req"))
 	if err := recent.Complete(ctx, b.pool, idempotency.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
