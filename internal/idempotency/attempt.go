@@ -62,3 +62,13 @@ func AttemptFrom(ctx context.Context) *Attempt {
 	a, _ := ctx.Value(attemptKey{}).(*Attempt)
 	return a
 }
+
+// KeyOrEmpty is the attempt's key, or "" for a nil attempt. Workflows keep
+// the request's key on what it started (an operation remembers the key that
+// asked for it, so a retry of that very request is recognised).
+func (a *Attempt) KeyOrEmpty() string {
+	if a == nil {
+		return ""
+	}
+	return a.Key
+}

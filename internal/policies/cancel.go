@@ -124,7 +124,7 @@ func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, hooks workflo
 	case answered:
 		return op, nil
 	case refusal != nil:
-		return Operation{}, refusal
+		return Operation{}, workflow.Refused(refusal)
 	}
 	c.crash(ctx, CrashAfterClaim)
 

@@ -117,7 +117,7 @@ func (c *Canceller) Resolve(ctx context.Context, req ResolveRequest, hooks workf
 		return Operation{}, err
 	}
 	if refusal != nil {
-		return Operation{}, refusal
+		return Operation{}, workflow.Refused(refusal)
 	}
 	return op, nil
 }

@@ -221,9 +221,16 @@ func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause
 	if err := think(ctx, tx, pause); err != nil { // others read AVAILABLE meanwhile
 		return Booking{}, *tr, err
 	}
+	// A savepoint around the INSERT: when the unique index refuses it, only
+	// the INSERT is undone, and the caller's transaction can still store the
+	// answer "slot taken" with the request's key.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return Booking{}, *tr, fmt.Errorf("slots: book: savepoint: %w", err)
+	}
 	start := time.Now()
 	var b Booking
-	err = tx.QueryRow(ctx, `
+	err = sp.QueryRow(ctx, `
 		INSERT INTO bookings (slot_id, user_id)
 		VALUES ($1, $2) -- the partial unique index makes a racer wait here, then fail with 23505
 		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, slotID, userID).
@@ -231,9 +238,15 @@ func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause
 	tr.Waited = time.Since(start)
 	if isUniqueViolation(err) {
 		tr.ConstraintHit = true
+		if err := sp.Rollback(ctx); err != nil {
+			return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
+		}
 		return Booking{}, *tr, ErrSlotTaken
 	}
 	if err != nil {
+		return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
+	}
+	if err := sp.Commit(ctx); err != nil { // releases the savepoint; the caller commits
 		return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
 	}
 	tag, err := tx.Exec(ctx, `

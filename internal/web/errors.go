@@ -28,7 +28,6 @@ var errorTable = []struct {
 	{policies.ErrNotFound, http.StatusNotFound, "not-found", "Policy not found"},
 	{policies.ErrOperationNotFound, http.StatusNotFound, "not-found", "Operation not found"},
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
-	{policies.ErrLeaseLost, http.StatusConflict, "lease-lost", "Another worker took over the operation"},
 	{policies.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
@@ -87,24 +86,6 @@ func enrich(p *problem.Problem, err error) *problem.Problem {
 			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", dup.OperationID))
 	}
 	return p
-}
-
-// translateErrors turns a handler's domain error into its problem right
-// away, inside the idempotency middleware, which stores problems as chosen
-// outcomes (a 409 duplicate-intent is replayed like a 200) and releases the
-// key for anything else (an unexpected 500 may be retried).
-func translateErrors(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		err := next(c)
-		var already *problem.Problem
-		if err == nil || errors.As(err, &already) {
-			return err // a problem already, perhaps marked idempotency.Reject: keep it as it is
-		}
-		if p, known := toProblem(err); known {
-			return p
-		}
-		return err
-	}
 }
 
 // httpErrorProblem covers the errors Echo itself raises (no route, body

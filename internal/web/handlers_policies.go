@@ -1,13 +1,10 @@
 package web
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/labstack/echo/v4"
 
@@ -74,38 +71,55 @@ type cancelBody struct {
 // 200 SUCCEEDED · 202 IN_PROGRESS + Location (outcome unknown; recovery
 // finishes it) · 422 provider-rejected · 409 duplicate-intent · 404.
 func (app *App) handleCancelPolicy(c echo.Context) error {
+	var in cancelBody
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return err // refused before the workflow: nothing claimed, nothing stored
+	}
+	return app.cancelPolicy(c, in.Reason, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return problemAnswer(c, refusal)
+		}
+		return cancelAnswer(customerOperation(op)) // the caller is the customer (redact.go)
+	})
+}
+
+// handleCancelPolicyForm: POST /policies/:id/cancel (form, hidden
+// idempotency_key). Whatever the outcome, the answer is a redirect to the
+// operation page (POST/redirect/GET), stored with the outcome, so a
+// double-click or a reload of the POST lands on the same page.
+func (app *App) handleCancelPolicyForm(c echo.Context) error {
+	return app.cancelPolicy(c, c.FormValue("reason"), func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+		var dup *policies.DuplicateIntentError
+		switch {
+		case errors.As(refusal, &dup):
+			// Another click with another key got there first: show its operation.
+			return redirectAnswer(fmt.Sprintf("/operations/%d?notice=duplicate-intent", dup.OperationID))
+		case refusal != nil:
+			return app.refusalPage(c, refusal)
+		}
+		return redirectAnswer(fmt.Sprintf("/operations/%d", op.ID))
+	})
+}
+
+// cancelPolicy is the one call both cancel handlers make; they differ only
+// in how they answer.
+func (app *App) cancelPolicy(c echo.Context, reason string, answer answerer[policies.Operation]) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
 		return err
 	}
-	var in cancelBody
-	if err := decodeOptionalJSON(c, &in); err != nil {
-		return idempotency.Reject(err) // refused before execution: nothing stored
-	}
-	if err := validText("reason", in.Reason, maxTextLength); err != nil {
-		return idempotency.Reject(err)
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	var answer idempotency.Response
-	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
-		UserID: u.ID, PolicyID: id, Reason: in.Reason, RequestKey: claim.Key, Actor: app.actor(c),
-	}, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
-		if refusal != nil {
-			return nil // answered by the middleware, from the error Cancel returns
-		}
-		// The answer is stored in the same commit as the outcome.
-		var err error
-		if answer, err = cancelAnswer(customerOperation(op)); err != nil { // the caller is the customer (redact.go)
-			return err
-		}
-		return claim.Complete(ctx, tx, answer)
-	}})
-	if err != nil {
+	if err := validText("reason", reason, maxTextLength); err != nil {
 		return err
 	}
-	return answer.Write(c)
+	ctx := c.Request().Context()
+	req := policies.CancelRequest{
+		UserID: u.ID, PolicyID: id, Reason: reason, RequestKey: idempotency.AttemptFrom(ctx).KeyOrEmpty(), Actor: app.actor(c),
+	}
+	return respond(c, answer, func(hooks workflow.Hooks[policies.Operation]) error {
+		_, err := app.canceller.Cancel(ctx, req, hooks)
+		return err
+	})
 }
 
 // cancelAnswer is the API's answer for an operation as committed.
@@ -160,41 +174,4 @@ func (app *App) handlePolicyPage(c echo.Context) error {
 	}
 	vm.CanCancel = p.Status == policies.StatusActive && (vm.OperationID == 0 || op.Status == policies.OpFailed)
 	return render(c, http.StatusOK, views.PolicyPage(app.page(c, p.Number, "policies"), vm))
-}
-
-// handleCancelPolicyForm: POST /policies/:id/cancel (form, hidden
-// idempotency_key). Whatever the outcome, the answer is a redirect to the
-// operation page (POST/redirect/GET), stored with the outcome, so a
-// double-click or a reload of the POST lands on the same page.
-func (app *App) handleCancelPolicyForm(c echo.Context) error {
-	u, _ := userFrom(c)
-	id, err := pathID(c, "id")
-	if err != nil {
-		return err
-	}
-	reason := c.FormValue("reason")
-	if err := validText("reason", reason, maxTextLength); err != nil {
-		return idempotency.Reject(err)
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	var answer idempotency.Response
-	_, err = app.canceller.Cancel(ctx, policies.CancelRequest{
-		UserID: u.ID, PolicyID: id, Reason: reason, RequestKey: claim.Key, Actor: app.actor(c),
-	}, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
-		if refusal != nil {
-			return nil // answered below, from the error Cancel returns
-		}
-		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/operations/%d", op.ID))
-		return claim.Complete(ctx, tx, answer)
-	}})
-	var dup *policies.DuplicateIntentError
-	if errors.As(err, &dup) {
-		// Another click with another key got there first: show its operation.
-		return c.Redirect(http.StatusSeeOther, fmt.Sprintf("/operations/%d?notice=duplicate-intent", dup.OperationID))
-	}
-	if err != nil {
-		return err
-	}
-	return answer.Write(c)
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
@@ -222,28 +221,14 @@ type resolveBody struct {
 func (app *App) handleResolveAPI(c echo.Context) error {
 	var in resolveBody
 	if err := decodeOptionalJSON(c, &in); err != nil {
-		return idempotency.Reject(err)
-	}
-	req, err := app.resolveRequest(c, in)
-	if err != nil {
-		return idempotency.Reject(err)
-	}
-	claim := idempotency.ClaimFrom(c.Request().Context())
-	var answer idempotency.Response
-	_, err = app.canceller.Resolve(c.Request().Context(), req, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
-		if refusal != nil {
-			return nil // answered by the middleware, from the error Resolve returns
-		}
-		var err error
-		if answer, err = idempotency.JSONResponse(http.StatusOK, op); err != nil {
-			return err
-		}
-		return claim.Complete(ctx, tx, answer)
-	}})
-	if err != nil {
 		return err
 	}
-	return answer.Write(c)
+	return app.resolve(c, in, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return problemAnswer(c, refusal)
+		}
+		return idempotency.JSONResponse(http.StatusOK, op)
+	})
 }
 
 // handleResolveForm: POST /reconciliation/:id/resolve (admin form, hidden
@@ -252,35 +237,37 @@ func (app *App) handleResolveAPI(c echo.Context) error {
 func (app *App) handleResolveForm(c echo.Context) error {
 	seen, err := time.Parse(time.RFC3339Nano, c.FormValue("seen_updated_at"))
 	if err != nil {
-		return idempotency.Reject(problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page"))
+		return problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page")
 	}
-	req, err := app.resolveRequest(c, resolveBody{Action: c.FormValue("action"), SeenUpdatedAt: seen, Note: c.FormValue("note")})
-	if err != nil {
-		return idempotency.Reject(err)
-	}
-	claim := idempotency.ClaimFrom(c.Request().Context())
-	var answer idempotency.Response
-	_, err = app.canceller.Resolve(c.Request().Context(), req, workflow.Hooks[policies.Operation]{Finish: func(ctx context.Context, tx pgx.Tx, op policies.Operation, refusal error) error {
-		if refusal != nil {
-			return nil // answered below, from the error Resolve returns
+	in := resolveBody{Action: c.FormValue("action"), SeenUpdatedAt: seen, Note: c.FormValue("note")}
+	return app.resolve(c, in, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+		switch {
+		case errors.Is(refusal, policies.ErrStateChanged):
+			// Said in words, and stored as this form's answer like any other.
+			n := views.Notice{
+				Title: "Someone else already resolved it",
+				Message: "This cancellation is no longer in the state this page showed you, so your decision was not applied. " +
+					"Another admin (or the recovery loop, after a retry) got there first; its timeline says what happened.",
+				Back: "/reconciliation", BackLabel: "Back to reconciliation",
+			}
+			return pageAnswer(c, http.StatusConflict, views.NoticePage(app.page(c, n.Title, "recovery"), n))
+		case refusal != nil:
+			return app.refusalPage(c, refusal)
 		}
-		answer = idempotency.RedirectResponse(http.StatusSeeOther, fmt.Sprintf("/reconciliation?resolved=%d&action=%s", op.ID, req.Resolution))
-		return claim.Complete(ctx, tx, answer)
-	}})
-	if errors.Is(err, policies.ErrStateChanged) {
-		// Said in words, and stored as this form's answer like any other.
-		n := views.Notice{
-			Title: "Someone else already resolved it",
-			Message: fmt.Sprintf("Cancellation #%d is no longer in the state this page showed you, so your decision was not applied. "+
-				"Another admin (or the recovery loop, after a retry) got there first; its timeline says what happened.", req.OperationID),
-			Back: "/reconciliation", BackLabel: "Back to reconciliation",
-		}
-		return render(c, http.StatusConflict, views.NoticePage(app.page(c, n.Title, "recovery"), n))
-	}
+		return redirectAnswer(fmt.Sprintf("/reconciliation?resolved=%d&action=%s", op.ID, c.FormValue("action")))
+	})
+}
+
+// resolve is the one call both resolve handlers make.
+func (app *App) resolve(c echo.Context, in resolveBody, answer answerer[policies.Operation]) error {
+	req, err := app.resolveRequest(c, in)
 	if err != nil {
 		return err
 	}
-	return answer.Write(c)
+	return respond(c, answer, func(hooks workflow.Hooks[policies.Operation]) error {
+		_, err := app.canceller.Resolve(c.Request().Context(), req, hooks)
+		return err
+	})
 }
 
 func (app *App) resolveRequest(c echo.Context, in resolveBody) (policies.ResolveRequest, error) {

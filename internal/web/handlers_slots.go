@@ -7,11 +7,11 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -129,69 +129,95 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []view
 // 201 booking + Location · 409 slot-taken · 404 unknown slot. The body is
 // optional and has no fields: the strategy is the server's (BOOKING_STRATEGY).
 func (app *App) handleBookSlot(c echo.Context) error {
+	var in struct{}
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return err // refused before the workflow: nothing claimed, nothing stored
+	}
+	return app.bookSlot(c, func(c echo.Context, b slots.Booking, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return problemAnswer(c, refusal)
+		}
+		resp, err := idempotency.JSONResponse(http.StatusCreated, b)
+		resp.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
+		return resp, err
+	})
+}
+
+// handleBookSlotForm: POST /slots/:id/book (form, hidden idempotency_key).
+// The answer is always a redirect back to the grid with a notice
+// (POST/redirect/GET), stored with the key: a double-click or a reload of
+// the POST lands on the same notice. Losing the slot to someone else is a
+// notice too, never an error page.
+func (app *App) handleBookSlotForm(c echo.Context) error {
+	return app.bookSlot(c, func(c echo.Context, b slots.Booking, refusal error) (idempotency.Response, error) {
+		id, _ := pathID(c, "id")
+		switch {
+		case errors.Is(refusal, slots.ErrSlotTaken):
+			return redirectAnswer(slotsNoticeURL(noticeSlotTaken, id))
+		case refusal != nil:
+			return app.refusalPage(c, refusal)
+		}
+		return redirectAnswer(slotsNoticeURL(noticeBooked, id))
+	})
+}
+
+// bookSlot is the one call both book handlers make: the booking, the key's
+// claim and the stored answer in one commit (slots.Booker).
+func (app *App) bookSlot(c echo.Context, answer answerer[slots.Booking]) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
 		return err
 	}
-	var in struct{}
-	if err := decodeOptionalJSON(c, &in); err != nil {
-		return idempotency.Reject(err) // refused before execution: nothing stored
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	var answer idempotency.Response
-	// The booking and the stored answer commit together, or neither does.
-	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
-		b, _, err := app.slots.Book(ctx, tx, slots.BookRequest{Strategy: app.cfg.BookingStrategy, SlotID: id, UserID: u.ID})
-		if err != nil {
-			// Rolled back. ErrSlotTaken and ErrNotFound are outcomes, not
-			// faults: translateErrors makes them problems, and the
-			// middleware stores those, so a retry hears the same 409.
-			return err
-		}
-		if answer, err = idempotency.JSONResponse(http.StatusCreated, b); err != nil {
-			return err
-		}
-		answer.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
-		return claim.Complete(ctx, tx, answer)
-	})
-	if err != nil {
+	return respond(c, answer, func(hooks workflow.Hooks[slots.Booking]) error {
+		_, err := app.booker.Book(c.Request().Context(), slots.BookSlot{SlotID: id, UserID: u.ID}, hooks)
 		return err
-	}
-	return answer.Write(c)
+	})
 }
 
 // handleCancelBooking: POST /api/v1/bookings/:id/cancel (Idempotency-Key).
 // 200 booking (CANCELLED) · 409 booking-not-confirmed · 404 unknown or
 // someone else's (an admin may release any).
 func (app *App) handleCancelBooking(c echo.Context) error {
+	var in struct{}
+	if err := decodeOptionalJSON(c, &in); err != nil {
+		return err
+	}
+	return app.releaseBooking(c, func(c echo.Context, b slots.Booking, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return problemAnswer(c, refusal)
+		}
+		return idempotency.JSONResponse(http.StatusOK, b)
+	})
+}
+
+// handleCancelBookingForm: POST /bookings/:id/cancel (form, hidden
+// idempotency_key). Like booking: a redirect to the grid with a notice.
+func (app *App) handleCancelBookingForm(c echo.Context) error {
+	return app.releaseBooking(c, func(c echo.Context, b slots.Booking, refusal error) (idempotency.Response, error) {
+		switch {
+		case errors.Is(refusal, slots.ErrBookingNotConfirmed):
+			// Released already, from another tab or an earlier form.
+			return redirectAnswer(slotsNoticeURL(noticeAlreadyReleased, 0))
+		case refusal != nil:
+			return app.refusalPage(c, refusal)
+		}
+		return redirectAnswer(slotsNoticeURL(noticeReleased, b.SlotID))
+	})
+}
+
+// releaseBooking is the one call both release handlers make.
+func (app *App) releaseBooking(c echo.Context, answer answerer[slots.Booking]) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
 		return err
 	}
-	var in struct{}
-	if err := decodeOptionalJSON(c, &in); err != nil {
-		return idempotency.Reject(err)
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	var answer idempotency.Response
-	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
-		b, err := app.slots.Release(ctx, tx, id, u.ID, u.IsAdmin())
-		if err != nil {
-			return err // rolled back; a 404 or 409 is stored by the middleware
-		}
-		if answer, err = idempotency.JSONResponse(http.StatusOK, b); err != nil {
-			return err
-		}
-		return claim.Complete(ctx, tx, answer)
-	})
-	if err != nil {
+	req := slots.ReleaseBooking{BookingID: id, UserID: u.ID, AsAdmin: u.IsAdmin()}
+	return respond(c, answer, func(hooks workflow.Hooks[slots.Booking]) error {
+		_, err := app.booker.Release(c.Request().Context(), req, hooks)
 		return err
-	}
-	return answer.Write(c)
+	})
 }
 
 // handleListBookings: GET /api/v1/bookings?status=&limit=&cursor=
@@ -229,65 +255,6 @@ func (app *App) handleGetBooking(c echo.Context) error {
 }
 
 func bookingURL(id int64) string { return fmt.Sprintf("/api/v1/bookings/%d", id) }
-
-// handleBookSlotForm: POST /slots/:id/book (form, hidden idempotency_key).
-// The answer is always a redirect back to the grid with a notice
-// (POST/redirect/GET), stored with the key: a double-click or a reload of
-// the POST lands on the same notice. Losing the slot to someone else is a
-// notice too, never an error page.
-func (app *App) handleBookSlotForm(c echo.Context) error {
-	u, _ := userFrom(c)
-	id, err := pathID(c, "id")
-	if err != nil {
-		return err
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	answer := idempotency.RedirectResponse(http.StatusSeeOther, slotsNoticeURL(noticeBooked, id))
-	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
-		if _, _, err := app.slots.Book(ctx, tx, slots.BookRequest{Strategy: app.cfg.BookingStrategy, SlotID: id, UserID: u.ID}); err != nil {
-			return err
-		}
-		return claim.Complete(ctx, tx, answer)
-	})
-	if errors.Is(err, slots.ErrSlotTaken) {
-		// Rolled back; the middleware stores this redirect as the outcome.
-		return c.Redirect(http.StatusSeeOther, slotsNoticeURL(noticeSlotTaken, id))
-	}
-	if err != nil {
-		return err
-	}
-	return answer.Write(c)
-}
-
-// handleCancelBookingForm: POST /bookings/:id/cancel (form, hidden
-// idempotency_key). Like booking: a redirect to the grid with a notice.
-func (app *App) handleCancelBookingForm(c echo.Context) error {
-	u, _ := userFrom(c)
-	id, err := pathID(c, "id")
-	if err != nil {
-		return err
-	}
-	ctx := c.Request().Context()
-	claim := idempotency.ClaimFrom(ctx)
-	var answer idempotency.Response
-	err = pgx.BeginFunc(ctx, app.pool, func(tx pgx.Tx) error {
-		b, err := app.slots.Release(ctx, tx, id, u.ID, u.IsAdmin())
-		if err != nil {
-			return err
-		}
-		answer = idempotency.RedirectResponse(http.StatusSeeOther, slotsNoticeURL(noticeReleased, b.SlotID))
-		return claim.Complete(ctx, tx, answer)
-	})
-	if errors.Is(err, slots.ErrBookingNotConfirmed) {
-		// Released already, from another tab or an earlier form.
-		return c.Redirect(http.StatusSeeOther, slotsNoticeURL(noticeAlreadyReleased, 0))
-	}
-	if err != nil {
-		return err
-	}
-	return answer.Write(c)
-}
 
 // Notices the grid shows after a form, named in the redirect's query.
 const (

@@ -1,16 +1,122 @@
 package web
 
 import (
+	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
 	"time"
 
+	"github.com/a-h/templ"
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
+
+// This file is where the request's Idempotency-Key meets the workflows.
+// The middleware (idempotency.Middleware) validates the key and replays
+// answers; respond hands the workflow the hooks that claim the key in its
+// first transaction and store the answer in the transaction that decides it.
+
+// answerer is how one action's outcome becomes the answer stored with the key:
+// the result, or the business refusal the workflow committed. The API and
+// the form handler of an action differ only in their render.
+type answerer[T any] func(c echo.Context, result T, refusal error) (idempotency.Response, error)
+
+// respond runs one keyed workflow call and sends its answer — exactly the
+// answer stored with the key, so the first answer and every replay are the
+// same bytes. run gets the hooks to pass to the workflow.
+//
+// When the workflow failed (nothing was committed), the error goes to the
+// error handler, except for a lost lease: then this request answers nothing
+// of its own, and the middleware answers what the key holds.
+func respond[T any](c echo.Context, answer answerer[T], run func(workflow.Hooks[T]) error) error {
+	var (
+		claim  *idempotency.Claim
+		stored idempotency.Response
+	)
+	err := run(workflow.Hooks[T]{
+		Begin: func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			claim, err = idempotency.AttemptFrom(ctx).Claim(ctx, tx)
+			return err
+		},
+		Finish: func(ctx context.Context, tx pgx.Tx, result T, refusal error) error {
+			var err error
+			if stored, err = answer(c, result, refusal); err != nil {
+				return err
+			}
+			return claim.Complete(ctx, tx, stored)
+		},
+	})
+	switch {
+	case err == nil, workflow.IsRefused(err):
+		return stored.Write(c) // committed with the outcome
+	case errors.Is(err, policies.ErrLeaseLost):
+		// Someone took the operation over while this request waited on the
+		// provider: the outcome is theirs to record, and the key's answer
+		// is whatever it holds now.
+		return fmt.Errorf("%w: %w", idempotency.ErrLeaseLost, err)
+	default:
+		return err
+	}
+}
+
+// problemAnswer is a refusal as the API answers it: the problem+json the
+// error table gives, byte for byte what the error handler would write.
+func problemAnswer(c echo.Context, refusal error) (idempotency.Response, error) {
+	p, known := toProblem(refusal)
+	if !known {
+		return idempotency.Response{}, refusal // not a refusal this layer can word: fail
+	}
+	p.Instance = c.Request().URL.Path
+	body, err := json.Marshal(p)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{
+		Status: p.Status,
+		Header: http.Header{echo.HeaderContentType: {problem.ContentType}},
+		Body:   append(body, '\n'),
+	}, nil
+}
+
+// pageAnswer renders a page as a stored answer (a form's refusal in words).
+func pageAnswer(c echo.Context, status int, page templ.Component) (idempotency.Response, error) {
+	var buf bytes.Buffer
+	if err := page.Render(c.Request().Context(), &buf); err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{
+		Status: status,
+		Header: http.Header{echo.HeaderContentType: {echo.MIMETextHTMLCharsetUTF8}},
+		Body:   buf.Bytes(),
+	}, nil
+}
+
+// refusalPage is a form's answer to a refusal it has no notice for: the
+// error page the error handler would show, stored like any answer.
+func (app *App) refusalPage(c echo.Context, refusal error) (idempotency.Response, error) {
+	p, known := toProblem(refusal)
+	if !known {
+		return idempotency.Response{}, refusal
+	}
+	return pageAnswer(c, p.Status, views.ErrorPage(app.page(c, http.StatusText(p.Status), ""), p.Status, p.Detail))
+}
+
+// redirectAnswer is a form's usual answer: 303 See Other (POST/redirect/GET).
+func redirectAnswer(location string) (idempotency.Response, error) {
+	return idempotency.RedirectResponse(http.StatusSeeOther, location), nil
+}
 
 // idempotentAPI wraps a JSON route in the Idempotency-Key protocol. The
 // key's scope is the caller: one user can never replay another's answer.

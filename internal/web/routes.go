@@ -29,15 +29,15 @@ func (app *App) routes() *echo.Echo {
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}
-	api.GET("/policies", app.handleListPolicies)                                                                        // the caller's policies, ?status=, paginated
-	api.GET("/policies/:id", app.handleGetPolicy)                                                                       // one of the caller's policies
-	api.GET("/slots", app.handleListSlots)                                                                              // every slot, ?status=, paginated
-	api.GET("/users", app.handleListUsers, requireAdmin)                                                                // every account (admin)
-	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI(), translateErrors)                      // cancel (Idempotency-Key)
-	api.GET("/operations/:id", app.handleGetOperation)                                                                  // status, steps, timeline, provider truth
-	api.GET("/recovery", app.handleRecoveryAPI)                                                                         // counts, live operations, recent recovery steps
-	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                                         // operations that need a person (admin)
-	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI(), translateErrors) // a person's decision (admin, Idempotency-Key)
+	api.GET("/policies", app.handleListPolicies)                                                       // the caller's policies, ?status=, paginated
+	api.GET("/policies/:id", app.handleGetPolicy)                                                      // one of the caller's policies
+	api.GET("/slots", app.handleListSlots)                                                             // every slot, ?status=, paginated
+	api.GET("/users", app.handleListUsers, requireAdmin)                                               // every account (admin)
+	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.idempotentAPI())                      // cancel (Idempotency-Key)
+	api.GET("/operations/:id", app.handleGetOperation)                                                 // status, steps, timeline, provider truth
+	api.GET("/recovery", app.handleRecoveryAPI)                                                        // counts, live operations, recent recovery steps
+	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                        // operations that need a person (admin)
+	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI()) // a person's decision (admin, Idempotency-Key)
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
@@ -55,10 +55,10 @@ func (app *App) routes() *echo.Echo {
 	}
 
 	// Slots and bookings: contention (docs/booking.md).
-	api.POST("/slots/:id/book", app.handleBookSlot, app.idempotentAPI(), translateErrors)           // 201 booking · 409 slot-taken (Idempotency-Key)
-	api.GET("/bookings", app.handleListBookings)                                                    // the caller's bookings, ?status=, paginated
-	api.GET("/bookings/:id", app.handleGetBooking)                                                  // one of the caller's bookings (any, for an admin)
-	api.POST("/bookings/:id/cancel", app.handleCancelBooking, app.idempotentAPI(), translateErrors) // release: the slot is AVAILABLE again (Idempotency-Key)
+	api.POST("/slots/:id/book", app.handleBookSlot, app.idempotentAPI())           // 201 booking · 409 slot-taken (Idempotency-Key)
+	api.GET("/bookings", app.handleListBookings)                                   // the caller's bookings, ?status=, paginated
+	api.GET("/bookings/:id", app.handleGetBooking)                                 // one of the caller's bookings (any, for an admin)
+	api.POST("/bookings/:id/cancel", app.handleCancelBooking, app.idempotentAPI()) // release: the slot is AVAILABLE again (Idempotency-Key)
 
 	// Browser pages: a server-side session (session.go), and a CSRF token
 	// bound to it on every form.
@@ -76,7 +76,7 @@ func (app *App) routes() *echo.Echo {
 
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.
-	keyedForm := append(signedIn[:len(signedIn):len(signedIn)], app.idempotentForm(), translateErrors)
+	keyedForm := append(signedIn[:len(signedIn):len(signedIn)], app.idempotentForm())
 	e.GET("/policies/:id", app.handlePolicyPage, signedIn...)                                                                        // one policy and its cancel form
 	e.POST("/policies/:id/cancel", app.handleCancelPolicyForm, keyedForm...)                                                         // cancel, then redirect to the operation
 	e.POST("/policies/:id/double-click", app.handleDoubleClickLab, append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs)...) // the double-click lab: two submissions at once
@@ -88,7 +88,7 @@ func (app *App) routes() *echo.Echo {
 	e.POST("/provider/reset", app.handleProviderResetForm, adminOnly...)   // the page's reset button (admin)
 	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...)   // operations that need a person (admin)
 	e.POST("/reconciliation/:id/resolve", app.handleResolveForm,
-		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm(), translateErrors)...) // a decision (keyed form)
+		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a decision (keyed form)
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.
 	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)                                           // book, then back to the grid

@@ -95,7 +95,8 @@ type App struct {
 	users    *users.Store
 	policies *policies.Store
 	slots    *slots.Store
-	lab      *slots.Lab // the race lab
+	booker   *slots.Booker // booking and release, one commit each
+	lab      *slots.Lab    // the race lab
 
 	provider        *provider.HTTPClient
 	providerControl *fake.Control
@@ -134,6 +135,7 @@ func New(cfg Config, d Deps) *App {
 		users:    users.NewStore(d.Pool),
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
+		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy),
 		lab:      slots.NewLab(d.Pool),
 
 		provider:        d.Provider,

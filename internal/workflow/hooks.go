@@ -5,6 +5,7 @@ package workflow
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -46,3 +47,26 @@ func (h Hooks[T]) RunFinish(ctx context.Context, tx pgx.Tx, result T, refusal er
 	}
 	return h.Finish(ctx, tx, result, refusal)
 }
+
+// Refused marks err as a business refusal — "the slot is taken", "the policy
+// already has a cancellation" — that the workflow passed to Finish and
+// committed. A workflow returns its refusals this way, so its caller can tell
+// an answer that is stored (send it) from a failure after which nothing was
+// committed. errors.Is and errors.As see through it to err.
+func Refused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusal{err: err}
+}
+
+// IsRefused reports whether err is (or wraps) a refusal made by Refused.
+func IsRefused(err error) bool {
+	var r *refusal
+	return errors.As(err, &r)
+}
+
+type refusal struct{ err error }
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }

@@ -1,0 +1,106 @@
+package slots
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// Booker runs booking and release as workflows that stay in PostgreSQL:
+// each opens one transaction, runs the hooks and the store's conditional
+// write in it, and commits once —
+//
+//	BEGIN
+//	  hooks.Begin        the request's Idempotency-Key is claimed
+//	  conditional write  UPDATE slots … WHERE status = 'AVAILABLE' (or its alternatives)
+//	  hooks.Finish       the answer — a booking or a refusal — is stored
+//	COMMIT
+//
+// so a crash before the commit leaves nothing, and a retry replays exactly
+// what this request answered. It has the shape of policies.Canceller, whose
+// work calls another system and therefore commits on each side of the call.
+type Booker struct {
+	pool     *pgxpool.Pool
+	store    *Store
+	strategy Strategy
+}
+
+// NewBooker returns a Booker that books with strategy (BOOKING_STRATEGY).
+func NewBooker(pool *pgxpool.Pool, strategy Strategy) *Booker {
+	return &Booker{pool: pool, store: NewStore(pool), strategy: strategy}
+}
+
+// BookSlot is one user's request for one slot.
+type BookSlot struct {
+	SlotID int64
+	UserID int64
+}
+
+// Book gives the slot to the user. It returns the booking; or a refusal —
+// ErrSlotTaken, ErrNotFound, marked with workflow.Refused — that was passed
+// to hooks.Finish and committed with the claim; or a failure, after which
+// nothing was committed.
+func (b *Booker) Book(ctx context.Context, req BookSlot, hooks workflow.Hooks[Booking]) (Booking, error) {
+	return b.run(ctx, hooks, func(tx pgx.Tx) (Booking, error) {
+		bk, _, err := b.store.Book(ctx, tx, BookRequest{Strategy: b.strategy, SlotID: req.SlotID, UserID: req.UserID})
+		return bk, err
+	})
+}
+
+// ReleaseBooking is a request to release a booking: by its owner, or by an
+// admin (AsAdmin).
+type ReleaseBooking struct {
+	BookingID int64
+	UserID    int64
+	AsAdmin   bool
+}
+
+// Release cancels the booking and frees its slot. It returns the booking,
+// or a refusal — ErrBookingNotFound, ErrBookingNotConfirmed — committed with
+// the claim, or a failure.
+func (b *Booker) Release(ctx context.Context, req ReleaseBooking, hooks workflow.Hooks[Booking]) (Booking, error) {
+	return b.run(ctx, hooks, func(tx pgx.Tx) (Booking, error) {
+		return b.store.Release(ctx, tx, req.BookingID, req.UserID, req.AsAdmin)
+	})
+}
+
+// run is the one transaction of every booking workflow.
+func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], write func(pgx.Tx) (Booking, error)) (Booking, error) {
+	var (
+		bk      Booking
+		refusal error
+	)
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		bk, err = write(tx)
+		switch {
+		case isRefusal(err):
+			refusal = err
+			return hooks.RunFinish(ctx, tx, Booking{}, err)
+		case err != nil:
+			return err
+		}
+		return hooks.RunFinish(ctx, tx, bk, nil)
+	})
+	if err != nil {
+		return Booking{}, err
+	}
+	if refusal != nil {
+		return Booking{}, workflow.Refused(refusal)
+	}
+	return bk, nil
+}
+
+// isRefusal reports the business "no"s of booking and release: answers, not
+// failures, stored and replayed like a success.
+func isRefusal(err error) bool {
+	return errors.Is(err, ErrSlotTaken) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, ErrBookingNotFound) || errors.Is(err, ErrBookingNotConfirmed)
+}
