@@ -11,7 +11,6 @@ import (
 	"github.com/a-h/templ"
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/views"
 )
@@ -95,11 +94,11 @@ func newListPage[T any](rows []T, limit int, id func(T) int64) listPage[T] {
 
 // pathID reads a path parameter that names a row: a positive decimal
 // int64 (no sign, no spaces, no overflow). Anything else names nothing: 404,
-// marked as a refusal before execution, so a keyed route stores nothing.
+// before any workflow runs, so a keyed route claims and stores nothing.
 func pathID(c echo.Context, name string) (int64, error) {
 	id, err := parseID(c.Param(name))
 	if err != nil {
-		return 0, idempotency.Reject(problem.New(http.StatusNotFound, "not-found", "Not found", "no "+name+" with that id"))
+		return 0, problem.New(http.StatusNotFound, "not-found", "Not found", "no "+name+" with that id")
 	}
 	return id, nil
 }
