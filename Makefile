@@ -7,7 +7,7 @@ export DATABASE_URL
 # The same build as the Dockerfile (deploy_test.go keeps that one honest).
 GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 
-.PHONY: help run build test generate lint bench chaos
+.PHONY: help run build test generate lint bench fuzz chaos
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ test: ## start PostgreSQL if needed, then run every test with the race detector
 generate: ## regenerate templ components (*_templ.go are committed)
 	go tool templ generate
 
-lint: ## gofmt, go vet, and a check that generated templ files are up to date
+lint: ## gofmt, go vet, generated templ files up to date, govulncheck (VULNDB=… for a copy of its database)
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt: these files need formatting:"; echo "$$unformatted"; exit 1; \
@@ -38,6 +38,7 @@ lint: ## gofmt, go vet, and a check that generated templ files are up to date
 	if [ -n "$$untracked" ]; then \
 		echo "lint: generated but not committed:"; echo "$$untracked"; exit 1; \
 	fi
+	scripts/vulncheck.sh
 
 bench: ## pgbench floor vs the app over HTTP, replay, booking contention, recovery (docs/performance.md)
 	scripts/ensure-postgres.sh
@@ -47,3 +48,13 @@ bench: ## pgbench floor vs the app over HTTP, replay, booking contention, recove
 CHAOS_FLAGS ?=
 chaos: ## kill, pause, delay and restart the running system, then check every promise (docs/reliability.md)
 	go run ./cmd/chaos $(CHAOS_FLAGS)
+
+# Every fuzz target; `make test` runs their seeds, this explores for FUZZTIME each.
+FUZZTIME ?= 10s
+fuzz: ## run each fuzz test for FUZZTIME (default 10s): parsers of untrusted input
+	@for pkg in ./internal/web ./internal/users ./cmd/web; do \
+		for target in $$(go test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "fuzz $$pkg $$target"; \
+			go test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done

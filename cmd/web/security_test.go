@@ -336,3 +336,31 @@ func TestCustomersReadSummariesNotInternals(t *testing.T) {
 		})
 	}
 }
+
+// FuzzTrustedProxies: TRUSTED_PROXIES is read as addresses and CIDR
+// ranges, or refused; an accepted list contains exactly its items.
+func FuzzTrustedProxies(f *testing.F) {
+	for _, s := range []string{"", "127.0.0.1", "10.0.0.0/8, 192.0.2.7", "::1", "2001:db8::/32", "localhost", "10.0.0.0/33", ",,", "1.2.3.4/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		nets, err := parseNets(spec)
+		if err != nil {
+			return
+		}
+		items := 0
+		for _, it := range strings.Split(spec, ",") {
+			if strings.TrimSpace(it) != "" {
+				items++
+			}
+		}
+		if len(nets) != items {
+			t.Fatalf("%q: %d ranges from %d items", spec, len(nets), items)
+		}
+		for _, n := range nets {
+			if n == nil || n.IP == nil {
+				t.Fatalf("%q: a nil range", spec)
+			}
+		}
+	})
+}

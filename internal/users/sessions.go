@@ -87,6 +87,8 @@ func validSessionID(id string) bool {
 	if len(id) != base64.RawURLEncoding.EncodedLen(sessionIDBytes) {
 		return false
 	}
-	_, err := base64.RawURLEncoding.DecodeString(id)
-	return err == nil
+	// Decoding alone would accept ids with line breaks in them (base64
+	// skips \r and \n): only the exact encoding of 32 bytes is an id.
+	b, err := base64.RawURLEncoding.DecodeString(id)
+	return err == nil && len(b) == sessionIDBytes && base64.RawURLEncoding.EncodeToString(b) == id
 }
