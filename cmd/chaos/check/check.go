@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemlab/idemlab/cmd/chaos/history"
 	"github.com/idemlab/idemlab/internal/invariants"
@@ -77,6 +78,9 @@ type Operation struct {
 	Status   string `json:"status"`
 	Key      string `json:"idempotency_key"`
 	Truth    string `json:"-"` // the provider's, asked just now ("" when it could not be)
+	// Claimed is when recovery first claimed it (zero: never), from its
+	// timeline: how long a handed-over operation waited for a worker.
+	Claimed time.Time `json:"-"`
 }
 
 // Booking is a booking as GET /api/v1/bookings shows it.

@@ -49,6 +49,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}code,pre{font-size:.85re
 	row("500s", s.Count500(), "")
 	row("provider effects", s.Effects, fmt.Sprintf("%d policies more than once; %d late calls refused (Request-Deadline)", s.Doubled, s.Late))
 	row("waiting for a person", s.Waiting, "")
+	row("handed over to recovery", len(s.ClaimLags), "answer → claim: "+s.ClaimLagText())
 	b.WriteString(`</table>`)
 
 	b.WriteString(`<h2>Answers</h2>`)

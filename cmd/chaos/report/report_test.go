@@ -21,6 +21,8 @@ func sample() Summary {
 		{Done: t0.Add(2 * time.Second), Err: "timeout"},
 		{Done: t0.Add(3 * time.Second), Status: 409, Problem: "request-in-progress"},
 		{Done: t0.Add(4 * time.Second), Status: 200},
+	}}, {Kind: history.Cancel, Attempts: []history.Attempt{
+		{Done: t0.Add(5 * time.Second), Status: 202, Body: []byte(`{"id":5,"status":"IN_PROGRESS"}`)},
 	}}}
 	faults := []history.Fault{
 		{Kind: history.Kill, Target: "app-1", Start: t0.Add(time.Second), End: t0.Add(time.Second)},
@@ -29,7 +31,8 @@ func sample() Summary {
 		{Kind: history.DBRestart, Target: "postgres", Start: t0.Add(9 * time.Second), End: t0.Add(11 * time.Second), Detail: `<&"quoted">`},
 		{Kind: history.Hold, Target: "provider", Start: t0.Add(12 * time.Second), End: t0.Add(14 * time.Second)},
 	}
-	end := check.EndState{Effects: map[int64]int{1: 1, 2: 2}}
+	end := check.EndState{Effects: map[int64]int{1: 1, 2: 2},
+		Operations: map[int64]check.Operation{5: {ID: 5, Claimed: t0.Add(5*time.Second + 300*time.Millisecond)}}}
 	vs := []check.Violation{{Check: "no-500", Detail: "cancel: answered 500 <on app-1>"}}
 	return Summarize(log, intents, faults, end, map[string]int{"500 internal": 1}, vs, []string{"seed=7"})
 }
@@ -62,9 +65,12 @@ func TestTheTimelineIsWellFormedSVG(t *testing.T) {
 
 func TestTheFiguresCountWhatHappened(t *testing.T) {
 	s := sample()
-	if s.KillsTotal() != 2 || s.DBRestarts() != 1 || s.DelayWindows() != 1 || s.Count500() != 1 || s.Requests != 4 || s.Effects != 3 || s.Doubled != 1 {
+	if s.KillsTotal() != 2 || s.DBRestarts() != 1 || s.DelayWindows() != 1 || s.Count500() != 1 || s.Requests != 5 || s.Effects != 3 || s.Doubled != 1 {
 		t.Fatalf("figures: kills %d db %d delays %d 500s %d requests %d effects %d doubled %d",
 			s.KillsTotal(), s.DBRestarts(), s.DelayWindows(), s.Count500(), s.Requests, s.Effects, s.Doubled)
+	}
+	if len(s.ClaimLags) != 1 || s.ClaimLags[0] != 300*time.Millisecond {
+		t.Fatalf("claim lags %v, want the one hand-over claimed after 300ms", s.ClaimLags)
 	}
 	if s.Drain != 4*time.Second || s.Duration != time.Minute {
 		t.Fatalf("duration %s drain %s", s.Duration, s.Drain)

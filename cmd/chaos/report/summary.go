@@ -7,6 +7,7 @@ package report
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -38,6 +39,9 @@ type Summary struct {
 	Doubled  int   // policies with more than one effect
 	Late     int64 // calls the provider refused as past their deadline
 	Waiting  int   // operations waiting for a person at the end
+	// ClaimLags are, for each cancellation answered 202 (handed over to
+	// recovery), the time from the answer to recovery's claim, sorted.
+	ClaimLags []time.Duration
 
 	Violations []check.Violation
 	Notes      []string
@@ -76,6 +80,20 @@ func Summarize(log *history.Log, intents []history.Intent, faults []history.Faul
 			s.Answers[a.Label()]++
 		}
 	}
+	for _, in := range intents {
+		a := in.FinalAnswer()
+		if in.Kind != history.Cancel || a == nil || a.Status != 202 {
+			continue
+		}
+		var b struct {
+			ID int64 `json:"id"`
+		}
+		json.Unmarshal(a.Body, &b)
+		if op, ok := end.Operations[b.ID]; ok && !op.Claimed.IsZero() {
+			s.ClaimLags = append(s.ClaimLags, max(op.Claimed.Sub(a.Done), 0))
+		}
+	}
+	slices.Sort(s.ClaimLags)
 	for _, n := range end.Effects {
 		s.Effects += n
 		if n > 1 {
@@ -106,6 +124,16 @@ func (s Summary) Count500() int {
 	return n
 }
 
+// ClaimLagText describes ClaimLags: "p50 120ms, p99 800ms, max 1.2s of 84".
+func (s Summary) ClaimLagText() string {
+	n := len(s.ClaimLags)
+	if n == 0 {
+		return "no operation was handed over"
+	}
+	at := func(p float64) time.Duration { return s.ClaimLags[min(n-1, int(p*float64(n)))].Round(time.Millisecond) }
+	return fmt.Sprintf("p50 %s, p90 %s, p99 %s, max %s (%d operations handed over)", at(0.5), at(0.9), at(0.99), s.ClaimLags[n-1].Round(time.Millisecond), n)
+}
+
 // Text writes the summary for a terminal.
 func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "chaos run, seed %d: %s of faults, drained in %s\n", s.Seed, s.Duration.Round(time.Second), s.Drain.Round(100*time.Millisecond))
@@ -122,6 +150,7 @@ func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "  500s            %d\n", s.Count500())
 	fmt.Fprintf(w, "  effects         %d at the provider (%d policies more than once; %d late calls refused)\n", s.Effects, s.Doubled, s.Late)
 	fmt.Fprintf(w, "  for a person    %d operations wait in reconciliation\n", s.Waiting)
+	fmt.Fprintf(w, "  hand-over→claim %s\n", s.ClaimLagText())
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
