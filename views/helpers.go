@@ -3,6 +3,7 @@ package views
 import (
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 func httpStatusText(status int) string {
@@ -76,4 +77,15 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+// joinOr writes ["policy", "booking"] as "policy or booking".
+func joinOr(words []string) string {
+	switch len(words) {
+	case 0:
+		return ""
+	case 1:
+		return words[0]
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }

@@ -46,6 +46,7 @@ var Nav = []NavItem{
 	{"policies", "Policies", "/policies"},
 	{"slots", "Slots", "/slots"},
 	{"provider", "Provider", "/provider"},
+	{"payments", "Payments", "/payments"},
 	{"recovery", "Recovery", "/recovery"},
 	{"labs", "Labs", "/labs"},
 }

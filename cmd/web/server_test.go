@@ -21,6 +21,7 @@ import (
 type testServer struct {
 	URL         string
 	ProviderURL string // the fake provider this server calls
+	PaymentsURL string // the fake payments service this server calls
 	DB          *testdb.DB
 	t           testing.TB
 }
@@ -71,7 +72,7 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 
 	select {
 	case url := <-out.found:
-		return &testServer{URL: url, ProviderURL: out.providerURL(), DB: db, t: t}
+		return &testServer{URL: url, ProviderURL: out.bannerURL("provider at "), PaymentsURL: out.bannerURL("payments at "), DB: db, t: t}
 	case err := <-done:
 		t.Fatalf("run ended before listening: %v", err)
 	case <-time.After(30 * time.Second):
@@ -88,13 +89,13 @@ type addrWatcher struct {
 	done  bool
 }
 
-// providerURL is the "provider at" line of the banner (printed before the
-// listening line).
-func (w *addrWatcher) providerURL() string {
+// bannerURL is the URL on the banner line starting with prefix ("provider
+// at ", "payments at "), printed before the listening line.
+func (w *addrWatcher) bannerURL(prefix string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, line := range strings.Split(w.buf.String(), "\n") {
-		if _, url, ok := strings.Cut(line, "provider at "); ok {
+		if _, url, ok := strings.Cut(line, prefix); ok {
 			return strings.TrimSpace(url)
 		}
 	}

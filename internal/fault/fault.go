@@ -281,11 +281,14 @@ func (f Fault) validate(system string, kinds []string) error {
 	if f.StatusMode != StatusOK && (f.subject() != "" || f.Next > 0) {
 		return bad("status_mode", "status_mode is %s-wide: set it on the global fault (no subject, next 0)", system)
 	}
-	total := 0
-	for m, w := range f.Weights {
+	for m := range f.Weights {
 		if !m.concrete() {
 			return bad("weights", "weights: %q is not a concrete mode", m)
 		}
+	}
+	total := 0
+	for _, m := range concreteModes { // a fixed order: the same refusal every time
+		w := f.Weights[m]
 		if w < 0 || w > MaxWeight {
 			return bad("weights."+string(m), "weight %d is out of range (0 to %d)", w, MaxWeight)
 		}

@@ -9,9 +9,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
-	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/views"
 )
@@ -30,8 +30,9 @@ var errorTable = []struct {
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{policies.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
-	{fake.ErrInvalidFault, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
+	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
 	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
+	{errPaymentsUnreachable, http.StatusBadGateway, "payments-unreachable", "Payments unreachable"},
 	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},
 	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},

@@ -36,7 +36,7 @@ func (app *App) handlePutCrash(c echo.Context) error {
 
 // handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
 // "slots": S} — wipe and reseed a repeatable data set, and reset the
-// provider. Demo mode only (routes.go). The same reset twice leaves the
+// fakes (provider and payments). Demo mode only (routes.go). The same reset twice leaves the
 // same state, so it takes no Idempotency-Key.
 func (app *App) handleReset(c echo.Context) error {
 	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: 7 * 8 * len(demo.Resources)}
@@ -53,8 +53,10 @@ func (app *App) handleReset(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := app.providerControl.Reset(ctx); err != nil {
-		return controlError(c, err)
+	for _, fake := range []fakeAdmin{app.providerAdmin(), app.paymentsAdmin()} {
+		if err := fake.control.Reset(ctx); err != nil {
+			return fake.controlError(c, err)
+		}
 	}
 	type account struct {
 		Name  string `json:"name"`

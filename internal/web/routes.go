@@ -41,11 +41,16 @@ func (app *App) routes() *echo.Echo {
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
-	api.GET("/invariants", app.handleInvariants, requireAdmin)               // every invariant of DESIGN.md, checked with SQL
-	api.GET("/provider/faults", app.handleGetProviderFaults, requireAdmin)   // the whole fault configuration
-	api.PUT("/provider/faults", app.handlePutProviderFaults, requireAdmin)   // set one fault: global, override or script entry
-	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy
-	api.POST("/provider/reset", app.handleResetProvider, requireAdmin)       // forget everything, default faults
+	api.GET("/invariants", app.handleInvariants, requireAdmin) // every invariant of DESIGN.md, checked with SQL
+	provider, payments := app.providerAdmin(), app.paymentsAdmin()
+	api.GET("/provider/faults", provider.getFaults, requireAdmin)            // the fake provider's fault configuration
+	api.PUT("/provider/faults", provider.putFaults, requireAdmin)            // set one fault: global, override or script entry
+	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy, late arrivals
+	api.POST("/provider/reset", provider.reset, requireAdmin)                // forget everything, default faults
+	api.GET("/payments/faults", payments.getFaults, requireAdmin)            // the fake payments service's fault configuration
+	api.PUT("/payments/faults", payments.putFaults, requireAdmin)            // set one fault: global, override or script entry
+	api.GET("/payments/ledger", app.handleGetPaymentsLedger, requireAdmin)   // every charge and refund, per subject, late arrivals
+	api.POST("/payments/reset", payments.reset, requireAdmin)                // forget everything, default faults
 
 	// Demo mode only (DEMO_MODE=true): without it these paths do not exist.
 	if app.cfg.DemoMode {
@@ -71,6 +76,7 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/policies", app.handlePoliciesPage, signedIn...)                                     // your policies
 	e.GET("/slots", app.handleSlotsPage, signedIn...)                                           // the slots grid
 	e.GET("/provider", app.handleProviderPage, signedIn...)                                     // the fake provider: faults, ledger, what each mode means
+	e.GET("/payments", app.handlePaymentsPage, signedIn...)                                     // the fake payments service: faults, ledger, refunds by mode
 	e.GET("/recovery", app.handleRecoveryPage, page...)                                         // the recovery loops at work (everyone)
 	e.GET("/recovery/panel", app.handleRecoveryPanel, page...)                                  // its htmx partial
 
@@ -84,9 +90,11 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/operations/:id/panel", app.handleOperationPanel, signedIn...)                                                            // the same panel, for htmx polling
 
 	adminOnly := append(signedIn[:len(signedIn):len(signedIn)], requireAdmin)
-	e.POST("/provider/faults", app.handleProviderFaultsForm, adminOnly...) // the page's fault forms (admin)
-	e.POST("/provider/reset", app.handleProviderResetForm, adminOnly...)   // the page's reset button (admin)
-	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...)   // operations that need a person (admin)
+	e.POST("/provider/faults", provider.faultsForm, adminOnly...)        // the provider page's fault forms (admin)
+	e.POST("/provider/reset", provider.resetForm, adminOnly...)          // the provider page's reset button (admin)
+	e.POST("/payments/faults", payments.faultsForm, adminOnly...)        // the payments page's fault forms (admin)
+	e.POST("/payments/reset", payments.resetForm, adminOnly...)          // the payments page's reset button (admin)
+	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...) // operations that need a person (admin)
 	e.POST("/reconciliation/:id/resolve", app.handleResolveForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a decision (keyed form)
 

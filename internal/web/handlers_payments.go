@@ -1,0 +1,57 @@
+package web
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/views"
+)
+
+// The payments service's own part of its control surface (the shared part is
+// handlers_fakes.go): its ledger and its page.
+
+// handleGetPaymentsLedger: GET /api/v1/payments/ledger (admin) — every money
+// movement the fake payments service carried out: {"charges", "refunds",
+// "by_subject", "entries", "late"} (docs/payments.md). A policy's "refunds"
+// above 1 is a double refund.
+func (app *App) handleGetPaymentsLedger(c echo.Context) error {
+	l, err := app.paymentsControl.Ledger(c.Request().Context())
+	if err != nil {
+		return app.paymentsAdmin().controlError(c, err)
+	}
+	return c.JSON(http.StatusOK, l)
+}
+
+// handlePaymentsPage: GET /payments — the payments service's faults, its
+// ledger and what each mode means for a refund. Everyone signed in may look;
+// only the admin gets working buttons.
+func (app *App) handlePaymentsPage(c echo.Context) error {
+	ctx := c.Request().Context()
+	s := app.paymentsAdmin()
+	cfg, err := app.paymentsControl.Faults(ctx)
+	if err != nil {
+		return s.controlError(c, err)
+	}
+	l, err := app.paymentsControl.Ledger(ctx)
+	if err != nil {
+		return s.controlError(c, err)
+	}
+	vm := views.PaymentsView{
+		FakeView: app.faultsView(c, "payments", cfg, app.cfg.PaymentsTimeout.String(), l.Late),
+		Charges:  views.MoneyTotals{Count: l.Charges.Count, Pending: l.Charges.Pending, Cents: l.Charges.AmountCents},
+		Refunds:  views.MoneyTotals{Count: l.Refunds.Count, Pending: l.Refunds.Pending, Cents: l.Refunds.AmountCents},
+	}
+	for _, sl := range l.BySubject {
+		vm.BySubject = append(vm.BySubject, views.MoneyLine{PolicyID: sl.PolicyID, BookingID: sl.BookingID,
+			Charges: sl.Charges, Refunds: sl.Refunds, Pending: sl.Pending, ChargedCents: sl.ChargedCents, RefundedCents: sl.RefundedCents})
+	}
+	for i, e := range l.Entries {
+		if i == 10 {
+			break
+		}
+		vm.Entries = append(vm.Entries, views.MoneyEntry{Kind: e.Kind, Key: e.Key, PolicyID: e.PolicyID, BookingID: e.BookingID,
+			ChargeKey: e.ChargeKey, Cents: e.AmountCents, Pending: e.Pending})
+	}
+	return render(c, http.StatusOK, views.PaymentsPage(app.page(c, "Payments", "payments"), vm))
+}
