@@ -1,8 +1,9 @@
 // Command web is idemlab: the web application, its migrations, and (as
-// subcommands) the fake provider and the recovery loop on their own.
+// subcommands) the fake external systems and the recovery loop on their own.
 //
 //	web [serve]              the app (default)
 //	web provider             the fake provider alone
+//	web payments             the fake payments service alone
 //	web recover              the recovery loop alone (needs PROVIDER_URL)
 //	web migrate up|down|status
 //	web user set NAME [-role customer|admin] [-token]
