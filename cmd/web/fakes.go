@@ -80,7 +80,10 @@ func startFake(ctx context.Context, cfg config, spec fakeSpec, pool *pgxpool.Poo
 	fs := &fakeServer{done: make(chan error, 1)}
 	if pool == nil {
 		var err error
-		if pool, err = database.Open(ctx, cfg.DatabaseURL, fakePoolConns); err != nil {
+		pool, err = database.WaitFor(ctx, logger, spec.name, func(ctx context.Context) (*pgxpool.Pool, error) {
+			return database.Open(ctx, cfg.DatabaseURL, fakePoolConns)
+		})
+		if err != nil {
 			return nil, fmt.Errorf("%s: %w", spec.name, err)
 		}
 		fs.pool = pool

@@ -239,24 +239,33 @@ func demoData(ctx context.Context, cfg config, pool *pgxpool.Pool) ([]demo.Accou
 }
 
 // openMigrated opens the pool and applies pending migrations — what every
-// long-running command (serve, provider, recover) does first. Replicas
-// starting together take turns: goose holds a Postgres session lock.
+// long-running command (serve, provider, payments, recover) does first.
+// Replicas starting together take turns: goose holds a Postgres session
+// lock. A database that is down, restarting or still in crash recovery is
+// waited for (logged, with backoff) instead of ending the process.
 func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, *database.Migrator, error) {
-	pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
-	if err != nil {
-		return nil, nil, err
+	type opened struct {
+		pool     *pgxpool.Pool
+		migrator *database.Migrator
 	}
-	migrator, err := database.NewMigrator(pool, logger)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	if err := migrator.Up(ctx); err != nil {
-		migrator.Close()
-		pool.Close()
-		return nil, nil, err
-	}
-	return pool, migrator, nil
+	o, err := database.WaitFor(ctx, logger, "open and migrate", func(ctx context.Context) (opened, error) {
+		pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
+		if err != nil {
+			return opened{}, err
+		}
+		migrator, err := database.NewMigrator(pool, logger)
+		if err != nil {
+			pool.Close()
+			return opened{}, err
+		}
+		if err := migrator.Up(ctx); err != nil {
+			migrator.Close()
+			pool.Close()
+			return opened{}, err
+		}
+		return opened{pool, migrator}, nil
+	})
+	return o.pool, o.migrator, err
 }
 
 // banner prints where the app listens and the demo tokens, for people and

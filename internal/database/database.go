@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,6 +40,11 @@ func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// A database that does not answer at all (a host gone, a network
+		// partition) must fail a request within a bound — 503, not a hang.
+		cfg.ConnConfig.ConnectTimeout = 3 * time.Second
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

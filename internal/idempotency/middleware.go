@@ -193,13 +193,18 @@ func (m *middleware) execute(c echo.Context, next echo.HandlerFunc, attempt *Att
 	// Bookkeeping must happen even if the client has gone away.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
 	defer cancel()
-	if errors.Is(err, ErrAlreadyClaimed) || errors.Is(err, ErrInProgress) || errors.Is(err, ErrLeaseLost) {
-		// Someone else executes (or executed) this request: answer theirs.
-		return m.answerFromStore(c, ctx, attempt)
-	}
+	// Whatever went wrong, a claim of ours that committed (work with an
+	// external call) gives its lease up now, so a retry can take over at once
+	// instead of waiting for the lease to run out. Fenced: it changes nothing
+	// when the claim never committed or someone else owns the key.
 	if err := m.store.EndLease(ctx, attempt.claim); err != nil && !errors.Is(err, ErrLeaseLost) {
 		// The key stays IN_PROGRESS until its lease expires: a retry then takes over.
 		m.cfg.Logger.Warn("idempotency: could not end the lease of a failed request", "key", attempt.Key, "err", err)
+	}
+	if errors.Is(err, ErrAlreadyClaimed) || errors.Is(err, ErrInProgress) || errors.Is(err, ErrLeaseLost) {
+		// Someone else executes (or executed) this request, or will once it
+		// retries: answer what the key holds, never an answer of our own.
+		return m.answerFromStore(c, ctx, attempt)
 	}
 	return err
 }

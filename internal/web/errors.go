@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
@@ -47,6 +48,12 @@ func toProblem(err error) (*problem.Problem, bool) {
 	var p *problem.Problem
 	if errors.As(err, &p) {
 		return p, true
+	}
+	if database.IsUnavailable(err) {
+		// Down, restarting, recovering: nothing of the request was committed
+		// (its transaction failed), so sending it again later is safe.
+		return problem.New(http.StatusServiceUnavailable, "database-unavailable", "Database unavailable",
+			"the database cannot be reached right now; nothing was changed — retry after the time in Retry-After"), true
 	}
 	for _, row := range errorTable {
 		if errors.Is(err, row.err) {
@@ -117,8 +124,12 @@ func (app *App) handleError(err error, c echo.Context) {
 		return
 	}
 	p, known := toProblem(err)
-	if !known {
+	switch {
+	case !known:
 		logFrom(c.Request().Context()).Error("unhandled error", "err", err, "path", c.Request().URL.Path)
+	case p.Type == "database-unavailable":
+		logFrom(c.Request().Context()).Warn("database unavailable", "err", err, "path", c.Request().URL.Path)
+		c.Response().Header().Set("Retry-After", "2")
 	}
 	p.Instance = c.Request().URL.Path
 	if isAPI(c) {
@@ -126,7 +137,10 @@ func (app *App) handleError(err error, c echo.Context) {
 		return
 	}
 	detail := p.Detail
-	if p.Status >= 500 {
+	switch {
+	case p.Type == "database-unavailable":
+		detail = "The database is briefly unavailable, so nothing was changed. Try again in a moment."
+	case p.Status >= 500:
 		detail = "Something went wrong on our side. Please try again in a moment."
 	}
 	c.Response().Status = p.Status
