@@ -9,6 +9,7 @@ tool (
 
 require (
 	github.com/a-h/templ v0.3.1118
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.14.2
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/google/uuid v1.6.0

@@ -244,7 +244,10 @@ func (s *Store) EndLease(ctx context.Context, c *Claim) error {
 	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE idempotency_keys
-		   SET lease_expires_at = coalesce($4::timestamptz, now())
+		   -- never later than it was: now() is the transaction's start, so
+		   -- ending an already ended lease again must not move it past the
+		   -- now() of a take-over that began a moment earlier
+		   SET lease_expires_at = least(lease_expires_at, coalesce($4::timestamptz, now()))
 		 WHERE user_id = $1
 		   AND idempotency_key = $2
 		   -- the fence: only the current owner gives its lease up
