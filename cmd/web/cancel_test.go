@@ -53,7 +53,7 @@ func (s *testServer) policyOf(t testing.TB, token string, i int) int64 {
 	return list.Items[i].ID
 }
 
-// assertInvariants checks DESIGN.md's invariants over the server's database.
+// assertInvariants checks the invariants (docs/invariants.md) over the server's database.
 func (s *testServer) assertInvariants(t testing.TB) {
 	t.Helper()
 	r, err := invariants.Check(context.Background(), s.DB.Pool, invariants.Options{})

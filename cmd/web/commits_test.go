@@ -13,7 +13,7 @@ import (
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
-// Every workflow commits as often as DESIGN.md "The shape of every workflow"
+// Every workflow commits as often as the shape of every workflow (docs/idempotency.md)
 // says, and no more: work that stays in PostgreSQL commits once (the key's
 // claim, the business writes and the stored answer together); a call to
 // another system adds exactly two commits (that system's own, and the one

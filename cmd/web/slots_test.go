@@ -59,7 +59,7 @@ func freeSlot(t testing.TB, db *testdb.DB, nth int) int64 {
 	return id
 }
 
-// assertInvariant3 checks invariant 3 of DESIGN.md over every slot.
+// assertInvariant3 checks invariant 3 of docs/invariants.md over every slot.
 func assertInvariant3(t testing.TB, db *testdb.DB) {
 	t.Helper()
 	v, err := slots.NewStore(db.Pool).CheckInvariant(context.Background())

@@ -1,5 +1,5 @@
 // Package invariants checks, with SQL, the promises idemlab makes whatever
-// happens — faults, retries, races and crashes (DESIGN.md, "Invariants"):
+// happens — faults, retries, races and crashes (docs/invariants.md):
 //
 //  1. At most one provider cancellation effect per policy.
 //  2. At most one operation per (policy_id, operation_type).

@@ -79,7 +79,7 @@ func warmPool(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
-// assertSlotInvariant checks invariant 3 of DESIGN.md over the whole table:
+// assertSlotInvariant checks invariant 3 of docs/invariants.md over the whole table:
 // at most one confirmed booking per slot, and a slot is BOOKED exactly when
 // it has one (and points at it).
 func assertSlotInvariant(t testing.TB, pool *pgxpool.Pool) {

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Violation is one slot that breaks invariant 3 of DESIGN.md: at most one
+// Violation is one slot that breaks invariant 3 of docs/invariants.md: at most one
 // confirmed booking per slot, and a slot is BOOKED exactly when it has one
 // (and its booking_id names that booking).
 type Violation struct {

@@ -75,7 +75,7 @@ func (app *App) handleReset(c echo.Context) error {
 }
 
 // handleInvariants: GET /api/v1/invariants[?stale_after=90s] — every
-// invariant of DESIGN.md checked with SQL, read-only, cheap enough to poll
+// invariant of docs/invariants.md checked with SQL, read-only, cheap enough to poll
 // during a load test. stale_after is invariant 6's bound: how long past its
 // lease a live operation may be before it counts as stuck (default: twice
 // OPERATION_LEASE plus a minute; "0" reports stale operations only in counts).

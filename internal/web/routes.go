@@ -41,7 +41,7 @@ func (app *App) routes() *echo.Echo {
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
-	api.GET("/invariants", app.handleInvariants, requireAdmin) // every invariant of DESIGN.md, checked with SQL
+	api.GET("/invariants", app.handleInvariants, requireAdmin) // every invariant of docs/invariants.md, checked with SQL
 	provider, payments := app.providerAdmin(), app.paymentsAdmin()
 	api.GET("/provider/faults", provider.getFaults, requireAdmin)            // the fake provider's fault configuration
 	api.PUT("/provider/faults", provider.putFaults, requireAdmin)            // set one fault: global, override or script entry
