@@ -89,3 +89,19 @@ func joinOr(words []string) string {
 	}
 	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
+
+// outcomeClass colours a delivery outcome (internal/events).
+func outcomeClass(outcome string) string {
+	switch outcome {
+	case "applied":
+		return "ok"
+	case "duplicate":
+		return "done"
+	case "deferred":
+		return "busy"
+	case "failed":
+		return "alert"
+	default:
+		return "neutral"
+	}
+}

@@ -48,5 +48,6 @@ var Nav = []NavItem{
 	{"provider", "Provider", "/provider"},
 	{"payments", "Payments", "/payments"},
 	{"recovery", "Recovery", "/recovery"},
+	{"events", "Events", "/events"},
 	{"labs", "Labs", "/labs"},
 }

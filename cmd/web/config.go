@@ -80,6 +80,7 @@ type config struct {
 	// real, and people sign in with passwords (docs/api.md "Demo mode").
 	DemoMode bool
 	Recovery recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
+	Events   eventsConfig   // EVENTS_*, NATS_URL (events.go)
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -145,6 +146,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.OperationLease, err = durationEnv(getenv, "OPERATION_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.Events, err = loadEventsConfig(getenv, c.DatabaseURL); err != nil {
 		return c, err
 	}
 	if c.Recovery, err = loadRecoveryConfig(getenv); err != nil {

@@ -54,6 +54,7 @@ const (
 	aliceBooking           // a confirmed booking of alice's (owned)
 	aFreeSlot              // a free slot (anyone may book it)
 	anyOperation           // an operation, for admin routes
+	anEvent                // an event id (a UUID), for admin routes
 )
 
 // routeSpec is what the suite knows of one route.
@@ -99,6 +100,11 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /api/v1/admin/operations/:id/resolve": {access: adminAPI, param: anyOperation, keyed: true, json: true, text: []string{"note"}, validJSON: map[string]any{"action": "retry", "seen_updated_at": "2026-01-01T00:00:00Z", "note": "ok"}},
 	"POST /api/v1/admin/reset":                  {access: adminAPI, json: true, validJSON: map[string]any{"users": 0}},
 	"GET /api/v1/admin/crash":                   {access: adminAPI},
+	"GET /api/v1/events":                        {access: adminAPI, query: []string{"status"}},
+	"GET /api/v1/mailbox":                       {access: bearer},
+	"GET /api/v1/admin/events/injector":         {access: adminAPI},
+	"PUT /api/v1/admin/events/injector":         {access: adminAPI, json: true, text: []string{"mode", "consumer"}, validJSON: map[string]any{"mode": ""}},
+	"POST /api/v1/admin/events/:id/replay":      {access: adminAPI, param: anEvent, keyed: true},
 	"PUT /api/v1/admin/crash":                   {access: adminAPI, json: true, text: []string{"at", "mode"}, validJSON: map[string]any{"at": ""}},
 	"GET /api/v1/provider/faults":               {access: adminAPI},
 	"PUT /api/v1/provider/faults":               {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
@@ -128,6 +134,9 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /payments/faults":            {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
 	"POST /payments/reset":             {access: adminPage},
 	"GET /reconciliation":              {access: adminPage, query: []string{"resolved", "action"}},
+	"GET /events":                      {access: signedIn},
+	"POST /events/injector":            {access: adminPage, text: []string{"mode", "consumer"}, form: url.Values{"mode": {""}, "count": {"1"}}},
+	"POST /events/:id/replay":          {access: adminPage, param: anEvent, keyed: true},
 	"POST /reconciliation/:id/resolve": {access: adminPage, param: anyOperation, keyed: true, text: []string{"note"}, form: url.Values{"action": {"retry"}, "seen_updated_at": {"2026-01-01T00:00:00Z"}, "note": {"ok"}}},
 }
 
@@ -287,6 +296,7 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 	w.ids[aliceBooking] = books
 	w.ids[aFreeSlot] = [2]string{"20", "21"}
 	w.ids[anyOperation] = ops
+	w.ids[anEvent] = [2]string{"01a2381f-0267-70c7-8d90-7303ae0ed5f0", "01a2381f-0267-70c7-8d90-7303ae0ed5f1"}
 
 	signedIn := func(name string) (map[string]string, string) {
 		client := s.browserClient()

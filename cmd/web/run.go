@@ -137,6 +137,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	canceller.Crash = crashes.At
 	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
 	recoveryLoop := newRecoveryLoop(cfg, canceller, logger, registry)
+	eventsRun := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
 
 	app := web.New(web.Config{
 		InstanceID:      cfg.InstanceID,
@@ -148,6 +149,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		OperationLease:  cfg.OperationLease,
 		ProviderTimeout: cfg.ProviderTimeout,
 		PaymentsTimeout: cfg.PaymentsTimeout,
+		EventsWindow:    cfg.Events.DuplicateWindow,
 	}, web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,
@@ -163,6 +165,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		ProviderControl: providerControl,
 		Payments:        paymentsClient,
 		PaymentsControl: paymentsControl,
+		Events:          events.NewStore(pool),
+		Injector:        eventsRun.injector,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -190,6 +194,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// Operations a timeout or a crash left IN_PROGRESS are finished here,
 	// by whichever instance claims them first.
 	startLoop(recoveryLoop.Run)
+	// Events: the relay (NATS) and one instance of each consumer, on
+	// EVENTS_TRANSPORT.
+	startLoop(eventsRun.Run)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemlab/idemlab/internal/database"
 )
 
 // Mode is what the redelivery injector does to one delivery. Every mode
@@ -85,7 +87,8 @@ func ParseMode(s string) (Mode, error) {
 
 // Arm adds "the next n deliveries (to consumer, or any when empty) get
 // mode" to the end of the script.
-func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int) (Injection, error) {
+// Arm runs on tx when one is given (Set's), else on the pool.
+func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int, tx ...pgx.Tx) (Injection, error) {
 	if _, err := ParseMode(string(mode)); err != nil {
 		return Injection{}, err
 	}
@@ -99,7 +102,29 @@ func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int) 
 	if consumer != "" {
 		c = &consumer
 	}
-	rows, err := in.pool.Query(ctx, `
+	if len(tx) > 0 {
+		return in.arm(ctx, tx[0], mode, c, n)
+	}
+	return in.arm(ctx, in.pool, mode, c, n)
+}
+
+// Set replaces the whole script with one entry: arming from the page or
+// the API is a setting, so sending it twice leaves the same script.
+func (in *Injector) Set(ctx context.Context, mode Mode, consumer string, n int) (Injection, error) {
+	var inj Injection
+	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM event_injections`); err != nil {
+			return err
+		}
+		var err error
+		inj, err = in.Arm(ctx, mode, consumer, n, tx)
+		return err
+	})
+	return inj, err
+}
+
+func (in *Injector) arm(ctx context.Context, db database.DBTX, mode Mode, c *string, n int) (Injection, error) {
+	rows, err := db.Query(ctx, `
 		INSERT INTO event_injections (mode, consumer, remaining)
 		VALUES ($1, $2, $3)
 		RETURNING id, mode, consumer, remaining, created_at`, mode, c, n)

@@ -7,8 +7,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 var (
@@ -48,4 +50,37 @@ func Replay(ctx context.Context, db database.DBTX, id uuid.UUID) error {
 		return fmt.Errorf("events: replay %s: %w", id, err)
 	}
 	return ErrNotDead
+}
+
+// Replayed is the answer to a replay: the event, PENDING again.
+type Replayed struct {
+	ID     uuid.UUID `json:"id"`
+	Status string    `json:"status"`
+}
+
+// ReplayDead is the replay workflow a person starts from the Events page:
+// one transaction with the request's hooks (the key claim, the stored
+// answer), so a double-click or a retried request replays once. A refusal
+// (ErrNotDead, ErrEventNotFound) is passed to Finish, committed with the
+// stored answer, and returned marked workflow.Refused.
+func ReplayDead(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, h workflow.Hooks[Replayed]) (Replayed, error) {
+	r := Replayed{ID: id, Status: "PENDING"}
+	var refusal error
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := h.RunBegin(ctx, tx); err != nil {
+			return err
+		}
+		refusal = Replay(ctx, tx, id)
+		if refusal != nil && !errors.Is(refusal, ErrNotDead) && !errors.Is(refusal, ErrEventNotFound) {
+			return refusal
+		}
+		return h.RunFinish(ctx, tx, r, refusal)
+	})
+	if err != nil {
+		return Replayed{}, err
+	}
+	if refusal != nil {
+		return Replayed{}, workflow.Refused(refusal)
+	}
+	return r, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
@@ -32,6 +33,8 @@ var errorTable = []struct {
 	{policies.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
+	{events.ErrEventNotFound, http.StatusNotFound, "not-found", "Event not found"},
+	{events.ErrNotDead, http.StatusConflict, "not-dead", "The event is not dead-lettered"},
 	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
 	{errPaymentsUnreachable, http.StatusBadGateway, "payments-unreachable", "Payments unreachable"},
 	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},

@@ -38,6 +38,11 @@ func (app *App) routes() *echo.Echo {
 	api.GET("/recovery", app.handleRecoveryAPI)                                                        // counts, live operations, recent recovery steps
 	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                        // operations that need a person (admin)
 	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI()) // a person's decision (admin, Idempotency-Key)
+	api.GET("/events", app.handleEventsAPI, requireAdmin)                                              // the outbox, dedupe per consumer and layer, recent events with deliveries (admin)
+	api.GET("/mailbox", app.handleMailboxAPI)                                                          // the caller's messages from the notifications consumer
+	api.GET("/admin/events/injector", app.handleGetInjectorAPI, requireAdmin)                          // the redelivery injector's script (admin)
+	api.PUT("/admin/events/injector", app.handlePutInjectorAPI, requireAdmin)                          // replace it: {mode, consumer, count} (admin)
+	api.POST("/admin/events/:id/replay", app.handleReplayAPI, requireAdmin, app.idempotentAPI())       // a dead letter back to the relay (admin, Idempotency-Key)
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
@@ -95,6 +100,10 @@ func (app *App) routes() *echo.Echo {
 	e.POST("/payments/faults", payments.faultsForm, adminOnly...)        // the payments page's fault forms (admin)
 	e.POST("/payments/reset", payments.resetForm, adminOnly...)          // the payments page's reset button (admin)
 	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...) // operations that need a person (admin)
+	e.GET("/events", app.handleEventsPage, signedIn...)                  // the outbox, deliveries, dedupe, ledger, your mailbox
+	e.POST("/events/injector", app.handleInjectorForm, adminOnly...)     // arm the redelivery injector (admin)
+	e.POST("/events/:id/replay", app.handleReplayForm,
+		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // replay a dead letter (keyed form)
 	e.POST("/reconciliation/:id/resolve", app.handleResolveForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a decision (keyed form)
 

@@ -26,6 +26,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
@@ -51,6 +52,7 @@ type Config struct {
 	OperationLease  time.Duration // OPERATION_LEASE: bounds invariant 6 by default
 	ProviderTimeout time.Duration // PROVIDER_TIMEOUT: shown on the provider page
 	PaymentsTimeout time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
+	EventsWindow    time.Duration // EVENTS_DUPLICATE_WINDOW: shown on the Events page
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per
@@ -76,6 +78,11 @@ type Deps struct {
 	// sets the fake payments service's faults and reads its ledger.
 	Payments        *payments.HTTPClient
 	PaymentsControl *paymentsfake.Control
+
+	// Events reads the outbox, deliveries, mailbox and ledger; Injector is
+	// the redelivery injector (internal/events).
+	Events   *events.Store
+	Injector *events.Injector
 }
 
 // App holds every dependency a handler needs. Handlers are its methods
@@ -111,6 +118,9 @@ type App struct {
 	// handler is the whole HTTP stack; the double-click lab sends its
 	// requests through it.
 	handler http.Handler
+
+	events   *events.Store
+	injector *events.Injector
 }
 
 // New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,
@@ -148,6 +158,7 @@ func New(cfg Config, d Deps) *App {
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}
+	app.events, app.injector = d.Events, d.Injector
 	app.handler = app.routes()
 	return app
 }

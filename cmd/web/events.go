@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/events"
+)
+
+// eventsConfig is the EVENTS_* and NATS_URL environment (docs/api.md).
+type eventsConfig struct {
+	Transport string // EVENTS_TRANSPORT: nats or river
+	NATSURL   string // NATS_URL
+	// Stream and Subject (EVENTS_STREAM, EVENTS_SUBJECT) default to names
+	// carrying the database's name, so two idemlab databases sharing one
+	// NATS server (the test suite's) never read each other's events.
+	Stream, Subject string
+	DuplicateWindow time.Duration // EVENTS_DUPLICATE_WINDOW: JetStream's Nats-Msg-Id memory
+	AckWait         time.Duration // EVENTS_ACK_WAIT: JetStream's (and River's rescue) ack deadline
+	RelayInterval   time.Duration // EVENTS_RELAY_INTERVAL: the relay's poll
+	MaxAttempts     int           // EVENTS_MAX_ATTEMPTS: failed publishes before DEAD
+	Retention       time.Duration // EVENTS_RETENTION: how long SENT rows and the logs are kept
+	InboxRetention  time.Duration // EVENTS_INBOX_RETENTION: how long the inboxes remember
+}
+
+func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsConfig, error) {
+	ec := eventsConfig{
+		NATSURL: or(getenv("NATS_URL"), nats.DefaultURL),
+		Stream:  getenv("EVENTS_STREAM"),
+		Subject: getenv("EVENTS_SUBJECT"),
+	}
+	var err error
+	if ec.Transport, err = events.ParseTransport(getenv("EVENTS_TRANSPORT")); err != nil {
+		return ec, fmt.Errorf("EVENTS_TRANSPORT: %w", err)
+	}
+	if ec.Stream == "" || ec.Subject == "" {
+		db := databaseName(databaseURL)
+		ec.Stream = or(ec.Stream, "IDEMLAB_EVENTS_"+strings.ToUpper(db))
+		ec.Subject = or(ec.Subject, "idemlab.events."+db)
+	}
+	for _, d := range []struct {
+		dst  *time.Duration
+		name string
+		def  time.Duration
+	}{
+		{&ec.DuplicateWindow, "EVENTS_DUPLICATE_WINDOW", 2 * time.Minute},
+		{&ec.AckWait, "EVENTS_ACK_WAIT", 30 * time.Second},
+		{&ec.RelayInterval, "EVENTS_RELAY_INTERVAL", time.Second},
+		{&ec.Retention, "EVENTS_RETENTION", 24 * time.Hour},
+		{&ec.InboxRetention, "EVENTS_INBOX_RETENTION", 30 * 24 * time.Hour},
+	} {
+		if *d.dst, err = durationEnv(getenv, d.name, d.def); err != nil {
+			return ec, err
+		}
+	}
+	n, err := intEnv(getenv, "EVENTS_MAX_ATTEMPTS", 10)
+	ec.MaxAttempts = int(n)
+	return ec, err
+}
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// databaseName is the database part of a PostgreSQL URL, made safe for a
+// stream and subject name.
+func databaseName(url string) string {
+	name := "postgres"
+	if i := strings.LastIndex(url, "/"); i >= 0 {
+		name = strings.SplitN(url[i+1:], "?", 2)[0]
+	}
+	return or(unsafeName.ReplaceAllString(strings.ToLower(name), "_"), "postgres")
+}
+
+// eventsRuntime is this process's part of the events machinery: the relay
+// (NATS) or nothing to relay (River), and one instance of each consumer.
+type eventsRuntime struct {
+	cfg      eventsConfig
+	pool     *pgxpool.Pool
+	logger   *slog.Logger
+	crash    *crash.Switch
+	metrics  *events.Metrics
+	injector *events.Injector
+	instance string
+}
+
+func newEventsRuntime(cfg eventsConfig, pool *pgxpool.Pool, instance string, sw *crash.Switch,
+	metrics *events.Metrics, logger *slog.Logger) *eventsRuntime {
+	return &eventsRuntime{cfg: cfg, pool: pool, logger: logger, crash: sw, metrics: metrics,
+		injector: events.NewInjector(pool), instance: instance}
+}
+
+func (er *eventsRuntime) handlers() []*events.Handler {
+	var hs []*events.Handler
+	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
+		hs = append(hs, events.NewHandler(er.pool, c, events.HandlerConfig{Transport: er.cfg.Transport,
+			Instance: er.instance, Crash: er.crash, Metrics: er.metrics, Logger: er.logger}))
+	}
+	return hs
+}
+
+// Run records the transport in the database and runs this process's relay
+// and consumers until ctx is done. NATS may be down at start: the
+// stream is set up as soon as it answers, and the outbox keeps every event
+// meanwhile.
+func (er *eventsRuntime) Run(ctx context.Context) {
+	for {
+		err := events.SetTransport(ctx, er.pool, er.cfg.Transport)
+		if err == nil {
+			break
+		}
+		er.logger.Error("events: cannot record the transport; retrying", "err", err)
+		if !sleepCtx(ctx, er.cfg.RelayInterval) {
+			return
+		}
+	}
+	switch er.cfg.Transport {
+	case events.TransportRiver:
+		er.runRiver(ctx)
+	default:
+		er.runNATS(ctx)
+	}
+}
+
+func (er *eventsRuntime) runRiver(ctx context.Context) {
+	rc, err := events.NewRiverConsumers(er.pool, er.handlers(), events.RiverConfig{
+		ID: er.instance + "-" + fmt.Sprint(time.Now().UnixNano()), JobTimeout: er.cfg.AckWait / 2,
+		RescueAfter: er.cfg.AckWait, Injector: er.injector, Logger: er.logger})
+	if err != nil {
+		er.logger.Error("events: river consumers", "err", err)
+		return
+	}
+	if err := rc.Start(ctx); err != nil {
+		er.logger.Error("events: start river consumers", "err", err)
+		return
+	}
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rc.Stop(stopCtx)
+}
+
+func (er *eventsRuntime) runNATS(ctx context.Context) {
+	nc, err := nats.Connect(er.cfg.NATSURL, nats.Name("idemlab "+er.instance),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	if err != nil {
+		er.logger.Error("events: NATS", "url", er.cfg.NATSURL, "err", err)
+		return
+	}
+	defer nc.Close()
+	var js *events.NATS
+	for js == nil {
+		js, err = events.NewNATS(ctx, nc, events.NATSConfig{Stream: er.cfg.Stream, Subject: er.cfg.Subject,
+			DuplicateWindow: er.cfg.DuplicateWindow, AckWait: er.cfg.AckWait})
+		if err != nil {
+			er.logger.Warn("events: NATS stream not ready; the outbox keeps the events meanwhile", "err", err)
+			if !sleepCtx(ctx, 2*time.Second) {
+				return
+			}
+		}
+	}
+	relay, err := events.NewRelay(er.pool, js, events.RelayConfig{Instance: er.instance,
+		Interval: er.cfg.RelayInterval, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
+		InboxRetention: er.cfg.InboxRetention, Crash: er.crash, Injector: er.injector,
+		Metrics: er.metrics, Logger: er.logger})
+	if err != nil {
+		er.logger.Error("events: relay", "err", err)
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); relay.Run(ctx) }()
+	for _, h := range er.handlers() {
+		c, err := js.Consumer(ctx, h, events.ConsumerConfig{Injector: er.injector, Logger: er.logger})
+		if err != nil {
+			er.logger.Error("events: consumer", "consumer", h.Consumer(), "err", err)
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Run(ctx) }()
+	}
+	<-ctx.Done()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
