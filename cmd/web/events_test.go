@@ -170,4 +170,3 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 		})
 	}
 }
-
