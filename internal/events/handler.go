@@ -88,8 +88,8 @@ func NewHandler(pool *pgxpool.Pool, c Consumer, cfg HandlerConfig) *Handler {
 func (h *Handler) Consumer() string { return h.consumer.Name() }
 
 const sqlInboxClaim = `
-INSERT INTO inbox (consumer, event_id)
-VALUES ($1, $2)
+INSERT INTO inbox (consumer, event_id, event_type)
+VALUES ($1, $2, $3)
     ON CONFLICT DO NOTHING -- 0 rows: this consumer applied this event already`
 
 const sqlRecordDelivery = `
@@ -106,7 +106,7 @@ func (h *Handler) Handle(ctx context.Context, d Delivery) (string, error) {
 	name := h.consumer.Name()
 	outcome := OutcomeDuplicate
 	err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sqlInboxClaim, name, d.ID)
+		tag, err := tx.Exec(ctx, sqlInboxClaim, name, d.ID, d.Type)
 		if err != nil {
 			return fmt.Errorf("inbox: %w", err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
@@ -184,6 +185,13 @@ func (b *bundle) assertOnce(t *testing.T, ids []uuid.UUID) {
 		if e := b.effects(t, id); e != (effects{2, 1, 1}) {
 			t.Errorf("event %s: inbox %d, mailbox %d, ledger %d; want 2, 1, 1", id, e.inbox, e.mailbox, e.ledger)
 		}
+	}
+	r, err := invariants.Check(context.Background(), b.db.Pool, invariants.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK {
+		t.Errorf("invariants after delivery: %+v", r.Violations)
 	}
 }
 

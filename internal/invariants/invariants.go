@@ -37,6 +37,8 @@ type Violation struct {
 	Invariant int     `json:"invariant"`
 	Detail    string  `json:"detail"`
 	IDs       []int64 `json:"ids"`
+	// Keys name offending rows whose identity is not a number (event ids).
+	Keys []string `json:"keys,omitempty"`
 }
 
 // Report is the answer of GET /api/v1/invariants.
@@ -186,6 +188,9 @@ func Check(ctx context.Context, db database.DBTX, opts Options) (Report, error) 
 			r.Violations = append(r.Violations, Violation{Invariant: 6,
 				Detail: fmt.Sprintf("an operation still live more than %s after its lease ran out", opts.StaleAfter), IDs: ids})
 		}
+	}
+	if err := checkEvents(ctx, db, opts, &r); err != nil {
+		return Report{}, err
 	}
 	r.Counts, err = count(ctx, db)
 	return r, err
