@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats"} {
 		service(t, p, name)
 	}
 }
@@ -225,6 +225,37 @@ func TestComposeFakes(t *testing.T) {
 			if port.HostIP != "127.0.0.1" {
 				t.Errorf("%s publishes %+v beyond loopback", name, port)
 			}
+		}
+	}
+}
+
+// JetStream runs as its own service with a durable store, and every app
+// replica reaches it by name and waits for it.
+func TestComposeNATS(t *testing.T) {
+	p := loadCompose(t)
+	nats := service(t, p, "nats")
+	if !strings.HasPrefix(nats.Image, "nats:") {
+		t.Errorf("nats image = %q", nats.Image)
+	}
+	if !slices.Contains(nats.Command, "-js") {
+		t.Errorf("nats command %q lacks -js (JetStream)", nats.Command)
+	}
+	if i := slices.Index(nats.Command, "-sd"); i < 0 || i+1 >= len(nats.Command) {
+		t.Errorf("nats command %q has no store directory (-sd)", nats.Command)
+	} else if !slices.ContainsFunc(nats.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Target == nats.Command[i+1] }) {
+		t.Errorf("nats stores in %s, which is not a volume: JetStream would forget its stream on restart", nats.Command[i+1])
+	}
+	for _, name := range []string{"app", "app2"} {
+		app := service(t, p, name)
+		u, err := url.Parse(env(t, app, "NATS_URL"))
+		if err != nil || u.Scheme != "nats" || u.Hostname() != "nats" || u.Port() != "4222" {
+			t.Errorf("%s NATS_URL = %q, want nats://nats:4222", name, env(t, app, "NATS_URL"))
+		}
+		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" {
+			t.Errorf("%s EVENTS_TRANSPORT = %q", name, tr)
+		}
+		if _, ok := app.DependsOn["nats"]; !ok {
+			t.Errorf("%s does not depend on nats", name)
 		}
 	}
 }
