@@ -41,7 +41,7 @@ func uniqueName(prefix string) string {
 
 // setupNATS returns a fresh database and a JetStream stream of the test's
 // own on the server at url.
-func setupNATS(t *testing.T, url string, cfg events.NATSConfig) *bundle {
+func setupNATS(t testing.TB, url string, cfg events.NATSConfig) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	b := &bundle{db: testdb.New(t), transport: events.TransportNATS}
@@ -69,7 +69,7 @@ func setupNATS(t *testing.T, url string, cfg events.NATSConfig) *bundle {
 	return b
 }
 
-func demoUser(t *testing.T, db *testdb.DB) int64 {
+func demoUser(t testing.TB, db *testdb.DB) int64 {
 	t.Helper()
 	var id int64
 	err := db.Pool.QueryRow(context.Background(), `
@@ -83,7 +83,7 @@ func demoUser(t *testing.T, db *testdb.DB) int64 {
 }
 
 // write commits n policy.cancelled events and returns their ids.
-func (b *bundle) write(t *testing.T, n int) []uuid.UUID {
+func (b *bundle) write(t testing.TB, n int) []uuid.UUID {
 	t.Helper()
 	ids := make([]uuid.UUID, 0, n)
 	for i := range n {
@@ -103,7 +103,7 @@ func (b *bundle) write(t *testing.T, n int) []uuid.UUID {
 	return ids
 }
 
-func (b *bundle) relay(t *testing.T, cfg events.RelayConfig) *events.Relay {
+func (b *bundle) relay(t testing.TB, cfg events.RelayConfig) *events.Relay {
 	t.Helper()
 	cfg.Injector = b.injector
 	if cfg.Instance == "" {
@@ -118,7 +118,7 @@ func (b *bundle) relay(t *testing.T, cfg events.RelayConfig) *events.Relay {
 
 // startConsumers runs `instances` instances of each consumer until the
 // test ends.
-func (b *bundle) startConsumers(t *testing.T, instances int) {
+func (b *bundle) startConsumers(t testing.TB, instances int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -141,7 +141,7 @@ func (b *bundle) startConsumers(t *testing.T, instances int) {
 // effects counts, per event, the mailbox messages and ledger lines.
 type effects struct{ inbox, mailbox, ledger int }
 
-func (b *bundle) effects(t *testing.T, id uuid.UUID) effects {
+func (b *bundle) effects(t testing.TB, id uuid.UUID) effects {
 	t.Helper()
 	var e effects
 	err := b.db.Pool.QueryRow(context.Background(), `
@@ -156,7 +156,7 @@ func (b *bundle) effects(t *testing.T, id uuid.UUID) effects {
 
 // waitApplied waits until both consumers applied every id, and fails the
 // test if any event was applied more than once by a consumer.
-func (b *bundle) waitApplied(t *testing.T, ids []uuid.UUID, within time.Duration) {
+func (b *bundle) waitApplied(t testing.TB, ids []uuid.UUID, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -179,7 +179,7 @@ func (b *bundle) waitApplied(t *testing.T, ids []uuid.UUID, within time.Duration
 
 // assertOnce: one inbox row per consumer, one mailbox message and one
 // ledger line per event.
-func (b *bundle) assertOnce(t *testing.T, ids []uuid.UUID) {
+func (b *bundle) assertOnce(t testing.TB, ids []uuid.UUID) {
 	t.Helper()
 	for _, id := range ids {
 		if e := b.effects(t, id); e != (effects{2, 1, 1}) {
@@ -196,7 +196,7 @@ func (b *bundle) assertOnce(t *testing.T, ids []uuid.UUID) {
 }
 
 // deliveries counts event_deliveries rows of id by outcome.
-func (b *bundle) deliveries(t *testing.T, id uuid.UUID) map[string]int {
+func (b *bundle) deliveries(t testing.TB, id uuid.UUID) map[string]int {
 	t.Helper()
 	rows, err := b.db.Pool.Query(context.Background(), `
 		SELECT outcome, count(*) FROM event_deliveries WHERE event_id = $1 GROUP BY outcome`, id)
@@ -213,7 +213,7 @@ func (b *bundle) deliveries(t *testing.T, id uuid.UUID) map[string]int {
 	return m
 }
 
-func (b *bundle) outboxStatus(t *testing.T, id uuid.UUID) (status string, attempts int) {
+func (b *bundle) outboxStatus(t testing.TB, id uuid.UUID) (status string, attempts int) {
 	t.Helper()
 	err := b.db.Pool.QueryRow(context.Background(), `SELECT status, attempts FROM outbox WHERE id = $1`, id).Scan(&status, &attempts)
 	if err != nil {

@@ -76,7 +76,7 @@ func TestRelayPublishesEventsCommittedInReverseOrder(t *testing.T) {
 }
 
 // abandonAt arms a switch that panics (crash.Abandon) at p, once.
-func abandonAt(t *testing.T, p crash.Point) *crash.Switch {
+func abandonAt(t testing.TB, p crash.Point) *crash.Switch {
 	t.Helper()
 	s := crash.New(events.CrashPoints, slog.New(slog.DiscardHandler))
 	if err := s.Arm(crash.Setting{At: p, Mode: crash.Abandon, Once: true}); err != nil {
@@ -206,7 +206,7 @@ func TestInjectorModesOnNATS(t *testing.T) {
 // checkInjectedMode arms mode, writes events, lets start deliver them, and
 // checks the outcome. Consumer-side modes are armed for the ledger only, so
 // "the next n deliveries" are the ledger's (redeliveries included).
-func checkInjectedMode(t *testing.T, b *bundle, mode events.Mode, start func(context.Context) *events.Relay) {
+func checkInjectedMode(t testing.TB, b *bundle, mode events.Mode, start func(context.Context) *events.Relay) {
 	t.Helper()
 	ctx := context.Background()
 	n, consumer := 3, events.ConsumerLedger
@@ -276,7 +276,7 @@ func checkInjectedMode(t *testing.T, b *bundle, mode events.Mode, start func(con
 	}
 }
 
-func (b *bundle) brokerDuplicates(t *testing.T, id uuid.UUID) int {
+func (b *bundle) brokerDuplicates(t testing.TB, id uuid.UUID) int {
 	t.Helper()
 	var n int
 	if err := b.db.Pool.QueryRow(context.Background(), `
@@ -328,7 +328,7 @@ func TestReplayOnlyDeadRows(t *testing.T) {
 
 func ids(id ...uuid.UUID) []uuid.UUID { return id }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {

@@ -14,13 +14,13 @@ import (
 // privateNATS is a nats-server of the test's own, on a free port, so the
 // test can stop and start it without touching the shared one.
 type privateNATS struct {
-	t     *testing.T
+	t     testing.TB
 	port  int
 	store string
 	cmd   *exec.Cmd
 }
 
-func startPrivateNATS(t *testing.T) *privateNATS {
+func startPrivateNATS(t testing.TB) *privateNATS {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

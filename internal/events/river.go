@@ -69,7 +69,7 @@ type RiverConfig struct {
 	// ID names this instance's River client (River's own bookkeeping).
 	ID string
 	// Workers is how many deliveries of one consumer this instance works
-	// at once. Default 4.
+	// at once. Default 16.
 	Workers int
 	// JobTimeout is how long a delivery may run before River cancels its
 	// context and counts it failed. Default 30s.
@@ -83,16 +83,21 @@ type RiverConfig struct {
 	// PollInterval is how often River looks for jobs when no insert
 	// notification woke it. Default 1s.
 	PollInterval time.Duration
+	// FetchCooldown is the least time between two fetches of one queue:
+	// with Workers it bounds throughput (Workers per cooldown). Default
+	// 20ms (River's own default is 100ms: 40 jobs/s with 4 workers).
+	FetchCooldown time.Duration
 	Injector     *Injector
 	Logger       *slog.Logger
 }
 
 func (c RiverConfig) withDefaults() RiverConfig {
-	c.Workers = cmp.Or(c.Workers, 4)
+	c.Workers = cmp.Or(c.Workers, 16)
 	c.JobTimeout = cmp.Or(c.JobTimeout, 30*time.Second)
 	c.RescueAfter = cmp.Or(c.RescueAfter, c.JobTimeout+30*time.Second)
 	c.RetryAfter = cmp.Or(c.RetryAfter, time.Second)
 	c.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	c.FetchCooldown = cmp.Or(c.FetchCooldown, 20*time.Millisecond)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -133,6 +138,7 @@ func NewRiverConsumers(pool *pgxpool.Pool, handlers []*Handler, cfg RiverConfig)
 		JobTimeout:           cfg.JobTimeout,
 		RescueStuckJobsAfter: cfg.RescueAfter,
 		FetchPollInterval:    cfg.PollInterval,
+		FetchCooldown:        cfg.FetchCooldown,
 		MaxAttempts:          riverMaxAttempts,
 		Logger:               cfg.Logger,
 	})

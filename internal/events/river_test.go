@@ -12,7 +12,7 @@ import (
 )
 
 // setupRiver returns a fresh database whose events travel on River.
-func setupRiver(t *testing.T) *bundle {
+func setupRiver(t testing.TB) *bundle {
 	t.Helper()
 	b := &bundle{db: testdb.New(t), transport: events.TransportRiver}
 	b.injector = events.NewInjector(b.db.Pool)
@@ -25,7 +25,7 @@ func setupRiver(t *testing.T) *bundle {
 
 // startRiverConsumers runs `instances` River clients, each working both
 // consumers' queues, until the test ends.
-func (b *bundle) startRiverConsumers(t *testing.T, instances int, cfg events.RiverConfig, sw *crash.Switch) {
+func (b *bundle) startRiverConsumers(t testing.TB, instances int, cfg events.RiverConfig, sw *crash.Switch) {
 	t.Helper()
 	for i := range instances {
 		var hs []*events.Handler
