@@ -87,8 +87,8 @@ type RiverConfig struct {
 	// with Workers it bounds throughput (Workers per cooldown). Default
 	// 20ms (River's own default is 100ms: 40 jobs/s with 4 workers).
 	FetchCooldown time.Duration
-	Injector     *Injector
-	Logger       *slog.Logger
+	Injector      *Injector
+	Logger        *slog.Logger
 }
 
 func (c RiverConfig) withDefaults() RiverConfig {
