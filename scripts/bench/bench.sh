@@ -7,7 +7,8 @@
 #   (b) the app over HTTP doing the same work (cmd/loadtest, workloads cancel
 #       and book), provider ok;
 #   (c) the replay of completed keys (cmd/loadtest, workload replay);
-#   (d) recovery: 10,000 stale operations, two app instances, time to drain.
+#   (d) recovery: 10,000 stale operations, two app instances, time to drain;
+#   (e) events: 10,000 events through both consumers, per transport.
 #
 # Env: DATABASE_URL (the server; a database idemlab_bench is created and
 # dropped), BENCH_SECONDS (10), CLIENTS (16), BOOK_CLIENTS (32), BOOK_SLOTS (8),
@@ -142,3 +143,9 @@ else
 	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "not done" "" \
 		"$live still live after ${recovery_wait}s: does web serve run the recovery loop?"
 fi
+
+# (e) events: 10,000 events through both consumers, per transport (internal/events BenchmarkDrain).
+say "bench: events drain, 10,000 events per transport"
+(cd "$root" && go test -run '^$' -bench Drain -benchtime=1x ./internal/events/) 2>&1 |
+	awk '/^BenchmarkDrain/ { split($1, n, "/"); sub(/-[0-9]+$/, "", n[2]);
+		printf "%-44s %12s %10s   %s\n", "events: 10,000 through 2 consumers, " n[2], $5, "", $7 " s to drain" }'
