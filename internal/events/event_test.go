@@ -122,3 +122,30 @@ func TestWriteRefusesBadEventsAndRepeatedIDs(t *testing.T) {
 		t.Error("the same event id written twice was accepted")
 	}
 }
+
+// The process dies inside the business transaction, after the outbox
+// insert and before the commit: the change and its event are lost
+// together. Not parallel: the Write crash switch is process-wide.
+func TestCrashAfterOutboxInsertLosesChangeAndEventTogether(t *testing.T) {
+	db := testdb.New(t)
+	ctx := context.Background()
+	events.SetCrashSwitch(abandonAt(t, events.CrashAfterOutboxInsert))
+	defer events.SetCrashSwitch(nil)
+	died := crashed(func() {
+		pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO users (name, api_token_sha256) VALUES ('the-change', sha256('x'))`); err != nil {
+				return err
+			}
+			_, err := events.Write(ctx, tx, cancelledEvent(1))
+			return err
+		})
+	})
+	if !died {
+		t.Fatal("Write did not reach its crash point")
+	}
+	var changes, rows int
+	db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM users WHERE name = 'the-change'), (SELECT count(*) FROM outbox)`).Scan(&changes, &rows)
+	if changes != 0 || rows != 0 {
+		t.Errorf("after the crash: %d changes, %d outbox rows; want neither", changes, rows)
+	}
+}
