@@ -4,8 +4,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/events"
 )
 
 // config is the command line.
@@ -40,6 +43,7 @@ type config struct {
 	ProviderTimeout  time.Duration
 	RecoveryInterval time.Duration
 	AppEnv           []string // extra KEY=value for the app instances
+	Transport        string   // EVENTS_TRANSPORT: nats (a private nats-server) or river
 }
 
 // envFlags collects repeated -env KEY=value.
@@ -84,8 +88,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
 	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT and PAYMENTS_TIMEOUT of the app")
 	fs.DurationVar(&c.RecoveryInterval, "recovery-interval", 250*time.Millisecond, "RECOVERY_INTERVAL of the app")
+	fs.StringVar(&c.Transport, "transport", events.TransportNATS, "EVENTS_TRANSPORT of the app: "+strings.Join(events.Transports, " or ")+" (nats: the run starts its own nats-server)")
 	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if !slices.Contains(events.Transports, c.Transport) {
+		err := fmt.Errorf("-transport %q: want %s", c.Transport, strings.Join(events.Transports, " or "))
+		fmt.Fprintln(stderr, "chaos:", err)
 		return c, err
 	}
 	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 {
@@ -125,6 +135,7 @@ func (c config) settings() []string {
 		fmt.Sprintf("clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s",
 			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery),
+		fmt.Sprintf("EVENTS_TRANSPORT=%s", c.Transport),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab/cmd/chaos/procs"
 	"github.com/idemlab/idemlab/cmd/chaos/report"
 	"github.com/idemlab/idemlab/cmd/chaos/workload"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/netfault"
 	"github.com/idemlab/idemlab/internal/policies"
 )
@@ -41,6 +43,7 @@ type chaosRun struct {
 	log    *history.Log
 	db     *cluster.DB
 	fakes  []nemesis.Fake // each fake's process and the proxy in front of it
+	nats   *procs.Process // the events' broker (nil with -transport river)
 	apps   []*procs.Process
 	data   *workload.Dataset
 	closed bool
@@ -77,6 +80,19 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 	}
 	onExit := nemesis.OnExit(r.log)
 
+	// The events' broker, when they travel over NATS: a nats-server of the
+	// run's own (JetStream, its store in the run's folder), so no other
+	// idemlab on the machine shares its streams.
+	var eventsEnv []string
+	if cfg.Transport == events.TransportNATS {
+		natsURL, err := r.startNATS(ctx, onExit)
+		if err != nil {
+			return r, err
+		}
+		eventsEnv = append(eventsEnv, "NATS_URL="+natsURL)
+	}
+	eventsEnv = append(eventsEnv, "EVENTS_TRANSPORT="+cfg.Transport)
+
 	// Each fake as its own process, with a proxy in front: the network
 	// the nemesis delays. A call whose caller gave up stays open at the
 	// fake for up to 10 s.
@@ -108,7 +124,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		if err != nil {
 			return r, err
 		}
-		env := append(append(cfg.appEnv(r.db.URL()), fakeEnv...), "ADDR="+addr, "INSTANCE_ID="+name)
+		env := append(append(append(cfg.appEnv(r.db.URL()), fakeEnv...), eventsEnv...), "ADDR="+addr, "INSTANCE_ID="+name)
 		app, err := procs.Start(ctx, procs.Spec{
 			Name: name, Bin: bin, Args: []string{"serve"}, Env: env,
 			Addr: addr, ReadyPath: "/healthz", LogPath: filepath.Join(r.dir, "logs", name+".log"),
@@ -125,6 +141,36 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// natsServer is the broker binary Debian's nats-server package installs.
+const natsServer = "/usr/sbin/nats-server"
+
+// startNATS runs a private nats-server with JetStream and returns its URL.
+// Its monitoring port answers /healthz once JetStream is ready.
+func (r *chaosRun) startNATS(ctx context.Context, onExit func(procs.Exit)) (string, error) {
+	if _, err := os.Stat(natsServer); err != nil {
+		return "", fmt.Errorf("%s not found (apt-get install nats-server), or run with -transport river: %w", natsServer, err)
+	}
+	client, err := procs.FreeAddr()
+	if err != nil {
+		return "", err
+	}
+	monitor, err := procs.FreeAddr()
+	if err != nil {
+		return "", err
+	}
+	_, clientPort, _ := net.SplitHostPort(client)
+	_, monitorPort, _ := net.SplitHostPort(monitor)
+	r.nats, err = procs.Start(ctx, procs.Spec{
+		Name: "nats", Bin: natsServer,
+		Args: []string{"-a", "127.0.0.1", "-p", clientPort, "-m", monitorPort, "-js", "-sd", filepath.Join(r.dir, "nats")},
+		Addr: monitor, ReadyPath: "/healthz?js-enabled-only=true", LogPath: filepath.Join(r.dir, "logs", "nats.log"),
+	}, onExit)
+	if err != nil {
+		return "", err
+	}
+	return "nats://" + client, nil
 }
 
 func (r *chaosRun) instances() []workload.Instance {
@@ -335,6 +381,9 @@ func (r *chaosRun) close() {
 	for _, f := range r.fakes {
 		f.Proxy.Close()
 		f.Process.Stop(3 * time.Second)
+	}
+	if r.nats != nil {
+		r.nats.Stop(3 * time.Second)
 	}
 	if r.db != nil {
 		r.db.Close()
