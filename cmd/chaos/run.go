@@ -273,8 +273,11 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	return len(violations), nil
 }
 
-// waitQuiet waits until no operation is live and no key is in progress,
-// as GET /api/v1/invariants counts them.
+// waitQuiet waits until no operation is live, none waits for a person and
+// no key is in progress, as GET /api/v1/invariants counts them. With every
+// fault healed, an operation in reconciliation is one whose truth recovery
+// can now learn (it re-asks them): the drain waits for that too, and the
+// last-resort check reports those still waiting at the deadline.
 func (r *chaosRun) waitQuiet(ctx context.Context, deadline time.Time) error {
 	for {
 		var rep struct {
@@ -284,12 +287,15 @@ func (r *chaosRun) waitQuiet(ctx context.Context, deadline time.Time) error {
 			} `json:"counts"`
 		}
 		err := workload.Call(ctx, r.instances()[0], adminToken, "GET", "/api/v1/invariants?stale_after=0s", nil, &rep)
-		live := rep.Counts.OperationsByStatus["IN_PROGRESS"] + rep.Counts.OperationsByStatus["RECOVERING"]
-		if err == nil && live == 0 && rep.Counts.KeysInProgress == 0 {
+		ops := rep.Counts.OperationsByStatus
+		live := ops["IN_PROGRESS"] + ops["RECOVERING"]
+		waiting := ops["NEEDS_RECONCILIATION"]
+		if err == nil && live == 0 && waiting == 0 && rep.Counts.KeysInProgress == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the drain timed out: %d operations live, %d keys in progress (%v)", live, rep.Counts.KeysInProgress, err)
+			return fmt.Errorf("the drain timed out: %d operations live, %d waiting for a person, %d keys in progress (%v)",
+				live, waiting, rep.Counts.KeysInProgress, err)
 		}
 		select {
 		case <-ctx.Done():
