@@ -148,6 +148,20 @@ func TestComposeApp(t *testing.T) {
 	if got := env(t, app, "DEMO_MODE"); got != "true" {
 		t.Errorf("app DEMO_MODE = %q, want true", got)
 	}
+	// The app trusts exactly the proxy's forwarding headers.
+	proxy, ok := p.Services["proxy"]
+	if !ok {
+		t.Fatal("no proxy service")
+	}
+	var proxyIP string
+	for _, n := range proxy.Networks {
+		if n != nil {
+			proxyIP = n.Ipv4Address
+		}
+	}
+	if proxyIP == "" || env(t, app, "TRUSTED_PROXIES") != proxyIP {
+		t.Errorf("app TRUSTED_PROXIES = %q, the proxy's fixed address %q", env(t, app, "TRUSTED_PROXIES"), proxyIP)
+	}
 	if env(t, app, "INSTANCE_ID") == "" {
 		t.Error("app INSTANCE_ID is empty")
 	}
