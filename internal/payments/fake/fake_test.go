@@ -40,7 +40,7 @@ func setup(t *testing.T) *service { t.Helper(); return serve(t, testdb.New(t)) }
 
 // serve starts a service on db; a second serve on the same db is the
 // service restarted: a new process, the same durable state.
-func serve(t *testing.T, db *testdb.DB) *service {
+func serve(t testing.TB, db *testdb.DB) *service {
 	t.Helper()
 	s := &service{db: db}
 	s.fake = fake.New(db.Pool, fake.Options{HoldCap: 10 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
