@@ -97,3 +97,105 @@ func drain(b *testing.B, transport string, n int) {
 		b.Fatalf("double effects: %d mailbox, %d ledger", dupMail, dupLedger)
 	}
 }
+
+// BenchmarkLagAtRate: events written one per transaction (as a workflow
+// writes them) at EVENTS_BENCH_RATE per second (default 250, the app's
+// cancellation rate in docs/performance.md) for EVENTS_BENCH_SECONDS
+// (default 10), with the relay and two instances of each consumer running.
+// It reports the lag from the writer's insert to the second consumer's
+// commit: p50, p99 and max.
+func BenchmarkLagAtRate(b *testing.B) {
+	rate, secs := 250, 10
+	if v, err := strconv.Atoi(os.Getenv("EVENTS_BENCH_RATE")); err == nil && v > 0 {
+		rate = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("EVENTS_BENCH_SECONDS")); err == nil && v > 0 {
+		secs = v
+	}
+	for _, transport := range events.Transports {
+		b.Run(transport, func(b *testing.B) {
+			for range b.N {
+				lagAtRate(b, transport, rate, secs)
+			}
+		})
+	}
+}
+
+func lagAtRate(b *testing.B, transport string, rate, secs int) {
+	var bd *bundle
+	if transport == events.TransportNATS {
+		bd = setupNATS(b, sharedNATS, events.NATSConfig{})
+	} else {
+		bd = setupRiver(b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if transport == events.TransportNATS {
+		go bd.relay(b, events.RelayConfig{}).Run(ctx) // the app's defaults: 1 s poll, NOTIFY wakes it
+		bd.startConsumers(b, 2)
+	} else {
+		bd.startRiverConsumers(b, 2, events.RiverConfig{}, nil)
+	}
+	n := rate * secs
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		err := pgx.BeginFunc(ctx, bd.db.Pool, func(tx pgx.Tx) error {
+			_, err := events.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
+				PolicyID: int64(i + 1), PolicyNumber: fmt.Sprintf("P-%d", i+1), UserID: bd.userID,
+				OperationID: int64(i + 1), RefundKey: fmt.Sprintf("%d:refund", i+1), RefundAmount: "1.00",
+				CancelledAt: time.Now()}))
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var applied int
+		bd.db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&applied)
+		if applied == 2*n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("a minute after the last write: %d of %d applied", applied, 2*n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var p50, p99, max float64
+	err := bd.db.Pool.QueryRow(ctx, `
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+		       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+		       max(lag)
+		  FROM (SELECT extract(epoch FROM max(i.applied_at) - o.created_at) AS lag
+		          FROM outbox o
+		          JOIN inbox i ON i.event_id = o.id
+		         GROUP BY o.id, o.created_at) l`).Scan(&p50, &p99, &max)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if transport == events.TransportNATS {
+		var sp99 float64
+		bd.db.Pool.QueryRow(ctx, `
+			SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM sent_at - created_at))
+			  FROM outbox`).Scan(&sp99)
+		b.ReportMetric(sp99*1000, "ms-p99-relay")
+	}
+	if os.Getenv("EVENTS_BENCH_DEBUG") != "" {
+		rows, _ := bd.db.Pool.Query(ctx, `
+			SELECT i.consumer, extract(epoch FROM o.created_at - min(o.created_at) OVER ())::numeric(6,2),
+			       extract(epoch FROM i.applied_at - o.created_at)::numeric(6,3)
+			  FROM outbox o JOIN inbox i ON i.event_id = o.id
+			 ORDER BY i.applied_at - o.created_at DESC LIMIT 15`)
+		for rows.Next() {
+			var c, at, lag string
+			rows.Scan(&c, &at, &lag)
+			b.Logf("%s written at +%ss applied after %ss", c, at, lag)
+		}
+	}
+	b.ReportMetric(p50*1000, "ms-p50-lag")
+	b.ReportMetric(p99*1000, "ms-p99-lag")
+	b.ReportMetric(max*1000, "ms-max-lag")
+}

@@ -149,3 +149,7 @@ say "bench: events drain, 10,000 events per transport"
 (cd "$root" && go test -run '^$' -bench Drain -benchtime=1x ./internal/events/) 2>&1 |
 	awk '/^BenchmarkDrain/ { split($1, n, "/"); sub(/-[0-9]+$/, "", n[2]);
 		printf "%-44s %12s %10s   %s\n", "events: 10,000 through 2 consumers, " n[2], $5, "", $7 " s to drain" }'
+say "bench: events lag at 250 events/s, one per transaction"
+(cd "$root" && go test -run '^$' -bench LagAtRate -benchtime=1x ./internal/events/) 2>&1 |
+	awk '/^BenchmarkLagAtRate/ { split($1, n, "/"); sub(/-[0-9]+$/, "", n[2]);
+		printf "%-44s %12s %10s   %s\n", "events: lag at 250/s, " n[2], "", $9, "p50 " $7 " ms · max " $5 " ms (target < 1000 ms)" }'
