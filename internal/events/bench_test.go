@@ -179,9 +179,9 @@ func lagAtRate(b *testing.B, transport string, rate, secs int) {
 	if transport == events.TransportNATS {
 		var sp99 float64
 		bd.db.Pool.QueryRow(ctx, `
-			SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM sent_at - created_at))
+			SELECT max(extract(epoch FROM sent_at - created_at))
 			  FROM outbox`).Scan(&sp99)
-		b.ReportMetric(sp99*1000, "ms-p99-relay")
+		b.ReportMetric(sp99*1000, "ms-max-relay")
 	}
 	if os.Getenv("EVENTS_BENCH_DEBUG") != "" {
 		rows, _ := bd.db.Pool.Query(ctx, `

@@ -181,11 +181,13 @@ func (n *NATS) Consumer(ctx context.Context, h *Handler, cfg ConsumerConfig) (*N
 	}}, nil
 }
 
-// Run fetches and handles deliveries until ctx is done.
+// Run handles deliveries until ctx is done. It keeps pull requests open
+// all the time (JetStream's message iterator, with heartbeats), so a
+// delivery waits for no fetch cycle.
 func (c *NATSConsumer) Run(ctx context.Context) {
 	for ctx.Err() == nil {
-		if _, err := c.runOnce(ctx); err != nil && ctx.Err() == nil {
-			c.cfg.Logger.Warn("events: fetch failed", "consumer", c.h.Consumer(), "err", err)
+		if err := c.consume(ctx); err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Warn("events: consuming stopped; starting again", "consumer", c.h.Consumer(), "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(c.cfg.Wait):
@@ -194,8 +196,29 @@ func (c *NATSConsumer) Run(ctx context.Context) {
 	}
 }
 
+func (c *NATSConsumer) consume(ctx context.Context) error {
+	it, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.Batch))
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return nil
+		}
+		if err != nil {
+			it.Stop()
+			return err
+		}
+		c.deliver(ctx, msg)
+	}
+}
+
 // runOnce fetches one batch (waiting up to Wait) and handles it; it
-// returns how many deliveries it handled.
+// returns how many deliveries it handled. Tests use it to take exactly one
+// step; Run keeps pulling instead.
 func (c *NATSConsumer) runOnce(ctx context.Context) (int, error) {
 	batch, err := c.cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(c.cfg.Wait))
 	if err != nil {

@@ -131,7 +131,17 @@ type RelayCounts struct {
 // next tick.
 func (r *Relay) Run(ctx context.Context) {
 	wake := make(chan struct{}, 1)
-	go r.listen(ctx, wake)
+	listening := make(chan struct{})
+	go r.listen(ctx, wake, listening)
+	// A NOTIFY sent before LISTEN took effect is lost: the first pass runs
+	// once the listener is in place (or after one interval without it), so
+	// it sees every row whose wake-up was missed.
+	select {
+	case <-listening:
+	case <-time.After(r.cfg.Interval):
+	case <-ctx.Done():
+		return
+	}
 	ticker := time.NewTicker(r.cfg.Interval)
 	defer ticker.Stop()
 	lastPurge := time.Time{}
@@ -162,9 +172,11 @@ func (r *Relay) Run(ctx context.Context) {
 
 // listen turns the writers' NOTIFYs into wake-ups, reconnecting after a
 // failure. Losing it costs latency only: the ticker still polls.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, listening chan<- struct{}) {
+	var once sync.Once
+	ready := func() { once.Do(func() { close(listening) }) }
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wake)
+		err := r.listenOnce(ctx, wake, ready)
 		if ctx.Err() != nil {
 			return
 		}
@@ -176,7 +188,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, ready func()) error {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -186,6 +198,12 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		return err
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), `UNLISTEN idemlab_outbox`)
+	ready()
+	// A reconnected listener may have missed wake-ups: wake a pass now.
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
 	for {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
