@@ -27,6 +27,7 @@ type eventsConfig struct {
 	DuplicateWindow time.Duration // EVENTS_DUPLICATE_WINDOW: JetStream's Nats-Msg-Id memory
 	AckWait         time.Duration // EVENTS_ACK_WAIT: JetStream's (and River's rescue) ack deadline
 	RelayInterval   time.Duration // EVENTS_RELAY_INTERVAL: the relay's poll
+	RelayLease      time.Duration // EVENTS_RELAY_LEASE: how long a claim keeps other relays off its rows
 	MaxAttempts     int           // EVENTS_MAX_ATTEMPTS: failed publishes before DEAD
 	Retention       time.Duration // EVENTS_RETENTION: how long SENT rows and the logs are kept
 	InboxRetention  time.Duration // EVENTS_INBOX_RETENTION: how long the inboxes remember
@@ -55,6 +56,7 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		{&ec.DuplicateWindow, "EVENTS_DUPLICATE_WINDOW", 2 * time.Minute},
 		{&ec.AckWait, "EVENTS_ACK_WAIT", 30 * time.Second},
 		{&ec.RelayInterval, "EVENTS_RELAY_INTERVAL", time.Second},
+		{&ec.RelayLease, "EVENTS_RELAY_LEASE", 30 * time.Second},
 		{&ec.Retention, "EVENTS_RETENTION", 24 * time.Hour},
 		{&ec.InboxRetention, "EVENTS_INBOX_RETENTION", 30 * 24 * time.Hour},
 	} {
@@ -167,7 +169,7 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 		}
 	}
 	relay, err := events.NewRelay(er.pool, js, events.RelayConfig{Instance: er.instance,
-		Interval: er.cfg.RelayInterval, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
+		Interval: er.cfg.RelayInterval, Lease: er.cfg.RelayLease, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
 		InboxRetention: er.cfg.InboxRetention, Crash: er.crash, Injector: er.injector,
 		Metrics: er.metrics, Logger: er.logger})
 	if err != nil {

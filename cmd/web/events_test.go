@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/browsertest"
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/testdb"
 )
 
 // writeCancelledEvent commits a policy.cancelled event for alice's first
@@ -167,6 +169,69 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 				t.Errorf("alice's mailbox: %q, want one cancellation message", mailbox)
 			}
 			browsertest.Screenshot(alice, t, "mailbox-390")
+		})
+	}
+}
+
+// The relay and a consumer killed with SIGKILL at their crash points, in a
+// real process, then the server restarted: nothing is lost, and each event
+// is applied once per consumer — the broker's dedupe window catches the
+// relay's second publish, the inbox catches the consumer's redelivery.
+func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		at string
+		// the layer that must have caught a duplicate after the restart
+		caught string
+	}{
+		{"relay_after_publish_before_mark", "broker"},
+		{"consumer_after_commit_before_ack", "inbox"},
+	} {
+		t.Run(tc.at, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t)
+			ctx := context.Background()
+			env := map[string]string{
+				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_ADDR": "127.0.0.1:0", "PAYMENTS_ADDR": "127.0.0.1:0",
+				"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "5",
+				"EVENTS_ACK_WAIT": "1s", "EVENTS_RELAY_INTERVAL": "100ms",
+				"EVENTS_RELAY_LEASE": "2s", // the dead relay's claim runs out quickly
+			}
+			crashing := map[string]string{"CRASH_AT": tc.at}
+			for k, v := range env {
+				crashing[k] = v
+			}
+			victim := startChild(t, crashing)
+			s := &testServer{URL: victim.URL, DB: db, t: t}
+			id := writeCancelledEvent(t, s)
+			state := victim.waitExit(t, 30*time.Second)
+			if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("the server ended with %v, not SIGKILL", state)
+			}
+			var status string
+			db.Pool.QueryRow(ctx, `SELECT status FROM outbox WHERE id = $1`, id).Scan(&status)
+			if tc.at == "relay_after_publish_before_mark" && status != "PENDING" {
+				t.Fatalf("after the relay's crash the event is %s, want PENDING (published, not marked)", status)
+			}
+
+			restarted := startChild(t, env)
+			s = &testServer{URL: restarted.URL, DB: db, t: t}
+			waitUntil(t, 30*time.Second, func() bool {
+				var inbox, caught int
+				db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, id).Scan(&inbox)
+				if tc.caught == "broker" {
+					db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_publishes WHERE event_id = $1 AND duplicate`, id).Scan(&caught)
+				} else {
+					db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_deliveries WHERE event_id = $1 AND outcome = 'duplicate'`, id).Scan(&caught)
+				}
+				return inbox == 2 && caught >= 1
+			})
+			var mail, lines int
+			db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM mailbox WHERE event_id = $1), (SELECT count(*) FROM ledger_entries WHERE event_id = $1)`, id).Scan(&mail, &lines)
+			if mail != 1 || lines != 1 {
+				t.Errorf("after the crash and restart: %d messages and %d ledger lines, want one of each", mail, lines)
+			}
+			s.assertInvariants(t)
 		})
 	}
 }
