@@ -87,23 +87,10 @@ func ParseMode(s string) (Mode, error) {
 
 // Arm adds "the next n deliveries (to consumer, or any when empty) get
 // mode" to the end of the script.
-// Arm runs on tx when one is given (Set's), else on the pool.
-func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int, tx ...pgx.Tx) (Injection, error) {
-	if _, err := ParseMode(string(mode)); err != nil {
+func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int) (Injection, error) {
+	c, err := validInjection(mode, consumer, n)
+	if err != nil {
 		return Injection{}, err
-	}
-	if consumer != "" && !slices.Contains(Consumers, consumer) {
-		return Injection{}, fmt.Errorf("%w: %q", ErrUnknownConsumer, consumer)
-	}
-	if n < 1 || n > 1000 {
-		return Injection{}, fmt.Errorf("%w: count %d is not from 1 to 1000", ErrInvalidEvent, n)
-	}
-	var c *string
-	if consumer != "" {
-		c = &consumer
-	}
-	if len(tx) > 0 {
-		return in.arm(ctx, tx[0], mode, c, n)
 	}
 	return in.arm(ctx, in.pool, mode, c, n)
 }
@@ -111,16 +98,38 @@ func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int, 
 // Set replaces the whole script with one entry: arming from the page or
 // the API is a setting, so sending it twice leaves the same script.
 func (in *Injector) Set(ctx context.Context, mode Mode, consumer string, n int) (Injection, error) {
+	c, err := validInjection(mode, consumer, n)
+	if err != nil {
+		return Injection{}, err
+	}
 	var inj Injection
-	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM event_injections`); err != nil {
-			return err
+			return fmt.Errorf("events: set injector: %w", err)
 		}
 		var err error
-		inj, err = in.Arm(ctx, mode, consumer, n, tx)
+		inj, err = in.arm(ctx, tx, mode, c, n)
 		return err
 	})
 	return inj, err
+}
+
+// validInjection checks an entry and returns its consumer as the column
+// stores it (nil: every consumer).
+func validInjection(mode Mode, consumer string, n int) (*string, error) {
+	if _, err := ParseMode(string(mode)); err != nil {
+		return nil, err
+	}
+	if consumer != "" && !slices.Contains(Consumers, consumer) {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownConsumer, consumer)
+	}
+	if n < 1 || n > 1000 {
+		return nil, fmt.Errorf("%w: count %d is not from 1 to 1000", ErrInvalidEvent, n)
+	}
+	if consumer == "" {
+		return nil, nil
+	}
+	return &consumer, nil
 }
 
 func (in *Injector) arm(ctx context.Context, db database.DBTX, mode Mode, c *string, n int) (Injection, error) {

@@ -123,7 +123,6 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 // RelayCounts is what one pass did.
 type RelayCounts struct {
 	Claimed, Published, Duplicates, Failed, Dead, Fenced int
-	Purged                                               int
 }
 
 // Run relays until ctx is done: a pass at every tick, and at once when a
