@@ -154,7 +154,7 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 			// Alice sees her message on the same page.
 			var mailbox string
 			alice := browsertest.New(t)
-			err = chromedp.Run(alice,
+			err = chromedp.Run(alice, chromedp.EmulateViewport(390, 844),
 				chromedp.Navigate(s.URL+"/signin"),
 				chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
 				chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
@@ -167,6 +167,11 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 			}
 			if strings.Count(mailbox, "A refund of") != 1 {
 				t.Errorf("alice's mailbox: %q, want one cancellation message", mailbox)
+			}
+			var tables int
+			chromedp.Run(alice, chromedp.Evaluate(`document.querySelectorAll('[data-testid="events-table"], [data-testid="injector-form"]').length`, &tables))
+			if tables != 0 {
+				t.Errorf("a customer sees the events table or the injector")
 			}
 			browsertest.Screenshot(alice, t, "mailbox-390")
 		})

@@ -166,13 +166,17 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	recent, err := app.events.Recent(ctx, events.ListFilter{Limit: 30})
-	if err != nil {
-		return err
-	}
-	ledger, err := app.events.Ledger(ctx, 7)
-	if err != nil {
-		return err
+	// Everyone sees the counts and their own mailbox; the events themselves
+	// (other customers' policies and bookings) and the books are the admin's.
+	var recent []events.EventRow
+	var ledger []events.LedgerDay
+	if u.IsAdmin() {
+		if recent, err = app.events.Recent(ctx, events.ListFilter{Limit: 30}); err != nil {
+			return err
+		}
+		if ledger, err = app.events.Ledger(ctx, 7); err != nil {
+			return err
+		}
 	}
 	mail, err := app.events.Mailbox(ctx, u.ID, 20)
 	if err != nil {
