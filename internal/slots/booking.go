@@ -39,6 +39,23 @@ type Booking struct {
 	Status      string     `json:"status"`
 	CreatedAt   time.Time  `json:"created_at"`
 	CancelledAt *time.Time `json:"cancelled_at"`
+	// The slot's resource and start, read with the booking (its events and
+	// pages name the slot without another query).
+	Resource string    `json:"resource"`
+	StartsAt time.Time `json:"starts_at"`
+}
+
+// bookingColumns are a booking's columns in Booking's order, for RETURNING
+// and SELECT alike; the slot's resource and start ride along as scalar
+// subqueries on its primary key, in the same statement.
+const bookingColumns = `id, slot_id, user_id, status, created_at, cancelled_at,
+		       (SELECT resource FROM slots WHERE slots.id = bookings.slot_id),
+		       (SELECT starts_at FROM slots WHERE slots.id = bookings.slot_id)`
+
+func scanBooking(row pgx.Row) (Booking, error) {
+	var b Booking
+	err := row.Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt, &b.Resource, &b.StartsAt)
+	return b, err
 }
 
 // Strategy is how Book decides who wins a slot. All three are correct in
@@ -229,12 +246,10 @@ func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause
 		return Booking{}, *tr, fmt.Errorf("slots: book: savepoint: %w", err)
 	}
 	start := time.Now()
-	var b Booking
-	err = sp.QueryRow(ctx, `
+	b, err := scanBooking(sp.QueryRow(ctx, `
 		INSERT INTO bookings (slot_id, user_id)
 		VALUES ($1, $2) -- the partial unique index makes a racer wait here, then fail with 23505
-		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, slotID, userID).
-		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+		RETURNING `+bookingColumns, slotID, userID))
 	tr.Waited = time.Since(start)
 	if isUniqueViolation(err) {
 		tr.ConstraintHit = true
@@ -262,12 +277,10 @@ func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause
 }
 
 func insertBooking(ctx context.Context, tx pgx.Tx, bookingID, slotID, userID int64) (Booking, error) {
-	var b Booking
-	err := tx.QueryRow(ctx, `
+	b, err := scanBooking(tx.QueryRow(ctx, `
 		INSERT INTO bookings (id, slot_id, user_id)
 		VALUES ($1, $2, $3)
-		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, bookingID, slotID, userID).
-		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+		RETURNING `+bookingColumns, bookingID, slotID, userID))
 	if isUniqueViolation(err) {
 		// Unreachable while the slot row lock is held; the index is the
 		// last line of defence should it ever be reached.
@@ -296,16 +309,14 @@ func takenOrMissing(ctx context.Context, db database.DBTX, slotID int64) error {
 // booking's owner may release it, or an admin (asAdmin). Another customer's
 // booking is ErrBookingNotFound, so ids reveal nothing.
 func (s *Store) Release(ctx context.Context, tx pgx.Tx, bookingID, userID int64, asAdmin bool) (Booking, error) {
-	var b Booking
-	err := tx.QueryRow(ctx, `
+	b, err := scanBooking(tx.QueryRow(ctx, `
 		UPDATE bookings
 		   SET status = 'CANCELLED',
 		       cancelled_at = now()
 		 WHERE id = $1
 		   AND (user_id = $2 OR $3) -- owner or admin
 		   AND status = 'CONFIRMED' -- 0 rows: released already, or not yours
-		RETURNING id, slot_id, user_id, status, created_at, cancelled_at`, bookingID, userID, asAdmin).
-		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+		RETURNING `+bookingColumns, bookingID, userID, asAdmin))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Booking{}, s.whyNotReleasable(ctx, tx, bookingID, userID, asAdmin)
 	}
@@ -342,13 +353,11 @@ func (s *Store) whyNotReleasable(ctx context.Context, tx pgx.Tx, bookingID, user
 
 // GetBooking returns one of the user's bookings (any booking for an admin).
 func (s *Store) GetBooking(ctx context.Context, bookingID, userID int64, asAdmin bool) (Booking, error) {
-	var b Booking
-	err := s.db.QueryRow(ctx, `
-		SELECT id, slot_id, user_id, status, created_at, cancelled_at
+	b, err := scanBooking(s.db.QueryRow(ctx, `
+		SELECT `+bookingColumns+`
 		  FROM bookings
 		 WHERE id = $1
-		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin).
-		Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt)
+		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Booking{}, ErrBookingNotFound
 	}
@@ -377,7 +386,7 @@ type BookingFilter struct {
 // ListBookings returns the user's bookings in id order.
 func (s *Store) ListBookings(ctx context.Context, f BookingFilter) ([]Booking, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, slot_id, user_id, status, created_at, cancelled_at
+		SELECT `+bookingColumns+`
 		  FROM bookings
 		 WHERE user_id = $1
 		   AND ($2 = '' OR status = $2)

@@ -3,10 +3,12 @@ package slots
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -17,6 +19,7 @@ import (
 //	BEGIN
 //	  hooks.Begin        the request's Idempotency-Key is claimed
 //	  conditional write  UPDATE slots … WHERE status = 'AVAILABLE' (or its alternatives)
+//	  events.Write       booking.confirmed / booking.released, into the outbox
 //	  hooks.Finish       the answer — a booking or a refusal — is stored
 //	COMMIT
 //
@@ -45,7 +48,7 @@ type BookSlot struct {
 // to hooks.Finish and committed with the claim; or a failure, after which
 // nothing was committed.
 func (b *Booker) Book(ctx context.Context, req BookSlot, hooks workflow.Hooks[Booking]) (Booking, error) {
-	return b.run(ctx, hooks, func(tx pgx.Tx) (Booking, error) {
+	return b.run(ctx, hooks, confirmed, func(tx pgx.Tx) (Booking, error) {
 		bk, _, err := b.store.Book(ctx, tx, BookRequest{Strategy: b.strategy, SlotID: req.SlotID, UserID: req.UserID})
 		return bk, err
 	})
@@ -63,13 +66,14 @@ type ReleaseBooking struct {
 // or a refusal — ErrBookingNotFound, ErrBookingNotConfirmed — committed with
 // the claim, or a failure.
 func (b *Booker) Release(ctx context.Context, req ReleaseBooking, hooks workflow.Hooks[Booking]) (Booking, error) {
-	return b.run(ctx, hooks, func(tx pgx.Tx) (Booking, error) {
+	return b.run(ctx, hooks, released, func(tx pgx.Tx) (Booking, error) {
 		return b.store.Release(ctx, tx, req.BookingID, req.UserID, req.AsAdmin)
 	})
 }
 
-// run is the one transaction of every booking workflow.
-func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], write func(pgx.Tx) (Booking, error)) (Booking, error) {
+// run is the one transaction of every booking workflow: the change and the
+// event describing it commit together (the outbox: no dual write).
+func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], event func(Booking) events.Event, write func(pgx.Tx) (Booking, error)) (Booking, error) {
 	var (
 		bk      Booking
 		refusal error
@@ -87,6 +91,9 @@ func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], write f
 		case err != nil:
 			return err
 		}
+		if _, err := events.Write(ctx, tx, event(bk)); err != nil {
+			return err
+		}
 		return hooks.RunFinish(ctx, tx, bk, nil)
 	})
 	if err != nil {
@@ -96,6 +103,14 @@ func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], write f
 		return Booking{}, workflow.Refused(refusal)
 	}
 	return bk, nil
+}
+
+func confirmed(b Booking) events.Event { return events.NewBookingConfirmed(changed(b, b.CreatedAt)) }
+
+func released(b Booking) events.Event { return events.NewBookingReleased(changed(b, *b.CancelledAt)) }
+
+func changed(b Booking, at time.Time) events.BookingChanged {
+	return events.BookingChanged{BookingID: b.ID, SlotID: b.SlotID, UserID: b.UserID, Resource: b.Resource, StartsAt: b.StartsAt, At: at}
 }
 
 // isRefusal reports the business "no"s of booking and release: answers, not
