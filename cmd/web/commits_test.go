@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -34,6 +36,10 @@ func TestWriteTransactionsPerRequest(t *testing.T) {
 	t.Cleanup(pool.Close)
 	s := startServerOn(t, &testdb.DB{Name: "postgres", URL: cluster.URL(), Pool: pool}, map[string]string{
 		"RECOVERY_INTERVAL": "50ms", // running, and finding nothing to claim
+		// The events a request writes are counted in its own commit; their
+		// delivery (the relay's mark, each consumer's inbox) is other
+		// processes' work, done by `web events` in a deployment that splits.
+		"EVENTS_WORKERS": "off",
 	})
 	browser := s.browserClient()
 	s.signIn(t, browser, "alice")
@@ -130,4 +136,32 @@ func TestWriteTransactionsPerRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With EVENTS_WORKERS=off an instance only writes events; `web events`
+// delivers them, from another process.
+func TestEventsWorkersRunInTheirOwnProcess(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	if r := s.book("demo-alice", freeSlot(t, s.DB, 0), "split-book", ""); r.Status != 201 {
+		t.Fatalf("book: %d %s", r.Status, r.Body)
+	}
+	pending := func() (n int) {
+		s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE status = 'PENDING'`).Scan(&n)
+		return n
+	}
+	time.Sleep(time.Second)
+	if n := pending(); n != 1 {
+		t.Fatalf("%d pending events with no worker running, want the booking's 1", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	vars := map[string]string{"DATABASE_URL": s.DB.URL, "LOG_LEVEL": "warn", "DEMO_MODE": "true"}
+	go func() { done <- run(ctx, []string{"events"}, func(k string) string { return vars[k] }, io.Discard, testLogWriter{t}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 20*time.Second, func() bool {
+		var mail int
+		s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM mailbox`).Scan(&mail)
+		return pending() == 0 && mail == 1
+	})
 }

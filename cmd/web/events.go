@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -19,6 +20,11 @@ import (
 // eventsConfig is the EVENTS_* and NATS_URL environment (docs/api.md).
 type eventsConfig struct {
 	Transport string // EVENTS_TRANSPORT: nats or river
+	// Workers (EVENTS_WORKERS, default on) runs the relay and the consumers
+	// in this `web serve`. Off, the process only writes events (into the
+	// outbox, in the business transactions) and `web events` elsewhere
+	// delivers them — the same split as `web recover` for recovery.
+	Workers bool
 	NATSURL   string // NATS_URL
 	// Stream and Subject (EVENTS_STREAM, EVENTS_SUBJECT) default to names
 	// carrying the database's name, so two idemlab databases sharing one
@@ -35,11 +41,19 @@ type eventsConfig struct {
 
 func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsConfig, error) {
 	ec := eventsConfig{
+		Workers: true,
 		NATSURL: or(getenv("NATS_URL"), nats.DefaultURL),
 		Stream:  getenv("EVENTS_STREAM"),
 		Subject: getenv("EVENTS_SUBJECT"),
 	}
 	var err error
+	switch v := getenv("EVENTS_WORKERS"); v {
+	case "", "on", "true":
+	case "off", "false":
+		ec.Workers = false
+	default:
+		return ec, fmt.Errorf("EVENTS_WORKERS: %q is neither on nor off", v)
+	}
 	if ec.Transport, err = events.ParseTransport(getenv("EVENTS_TRANSPORT")); err != nil {
 		return ec, fmt.Errorf("EVENTS_TRANSPORT: %w", err)
 	}
@@ -199,4 +213,27 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// eventsOnly is `web events`: the relay and one instance of each consumer
+// alone, for a worker process next to `web serve` instances started with
+// EVENTS_WORKERS=off.
+func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = "events"
+	}
+	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	defer migrator.Close()
+	sw := crash.New(events.CrashPoints, logger)
+	if err := sw.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
+		return fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
+	}
+	run := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
+	fmt.Fprintf(stdout, "events %q running (%s)\n", cfg.InstanceID, cfg.Events.Transport)
+	run.Run(ctx)
+	return nil
 }

@@ -53,6 +53,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serveFake(ctx, cfg, cfg.paymentsSpec(), logger, stdout)
 	case "recover":
 		return recoverOnly(ctx, cfg, logger, stdout)
+	case "events":
+		return eventsOnly(ctx, cfg, logger, stdout)
 	case "migrate":
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
@@ -60,7 +62,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "user":
 		return userCommand(ctx, cfg, getenv, logger, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, provider, recover, migrate, user or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, payments, recover, events, migrate, user or healthcheck)", cmd)
 	}
 }
 
@@ -195,8 +197,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// by whichever instance claims them first.
 	startLoop(recoveryLoop.Run)
 	// Events: the relay (NATS) and one instance of each consumer, on
-	// EVENTS_TRANSPORT.
-	startLoop(eventsRun.Run)
+	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
+	if cfg.Events.Workers {
+		startLoop(eventsRun.Run)
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
