@@ -157,7 +157,9 @@ func TestEventsWorkersRunInTheirOwnProcess(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	vars := map[string]string{"DATABASE_URL": s.DB.URL, "LOG_LEVEL": "warn", "DEMO_MODE": "true"}
-	go func() { done <- run(ctx, []string{"events"}, func(k string) string { return vars[k] }, io.Discard, testLogWriter{t}) }()
+	go func() {
+		done <- run(ctx, []string{"events"}, func(k string) string { return vars[k] }, io.Discard, testLogWriter{t})
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, 20*time.Second, func() bool {
 		var mail int

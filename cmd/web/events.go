@@ -25,7 +25,7 @@ type eventsConfig struct {
 	// outbox, in the business transactions) and `web events` elsewhere
 	// delivers them — the same split as `web recover` for recovery.
 	Workers bool
-	NATSURL   string // NATS_URL
+	NATSURL string // NATS_URL
 	// Stream and Subject (EVENTS_STREAM, EVENTS_SUBJECT) default to names
 	// carrying the database's name, so two idemlab databases sharing one
 	// NATS server (the test suite's) never read each other's events.

@@ -74,12 +74,15 @@ func TestDatabaseDownAnswers503ThenRecovers(t *testing.T) {
 	// The pool reconnects by itself; the keys of the refused requests were
 	// never claimed, so the same keys now execute.
 	waitFor(t, 20*time.Second, func() bool { return s.do(requests[0]).Status == http.StatusOK })
-	if r := s.do(requests[2]); r.Status != http.StatusOK {
+	// The cancellation executes: 200, or 202 when the provider — whose own
+	// pool met the same restart — could not answer at once.
+	if r := s.do(requests[2]); r.Status != http.StatusOK && r.Status != http.StatusAccepted {
 		t.Errorf("cancel after the database is back: %d %s", r.Status, r.Body)
 	}
 	if r := s.do(requests[3]); r.Status != http.StatusCreated {
 		t.Errorf("book after the database is back: %d %s", r.Status, r.Body)
 	}
+	s.DB.Pool.Reset() // the test's own connections died with the server
 	s.assertInvariants(t)
 }
 
@@ -136,6 +139,7 @@ func TestDatabaseRestartUnderRequestsIsNever500(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool {
 		return s.do(request{Method: "GET", Path: "/api/v1/policies", Token: "demo-carol"}).Status == http.StatusOK
 	})
+	s.DB.Pool.Reset() // the test's own connections died with the server
 	s.assertInvariants(t)
 }
 
