@@ -243,7 +243,7 @@ func assertNoInternals(t *testing.T, what, body string) {
 // and leaves the business tables alone.
 func TestRaceLabIsBoundedAndStaysInItsOwnData(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, map[string]string{"RATE_LIMIT_LABS": "off"})
+	s := startServer(t, map[string]string{"RATE_LIMIT_LABS": "off", "EVENTS_WORKERS": "off"}) // snapshots: nothing writes behind them
 	if r := s.do(request{Method: "POST", Path: "/api/v1/slots/1/book", Token: "demo-bob", Header: map[string]string{"Idempotency-Key": "bob-slot-1"}}); r.Status != http.StatusCreated {
 		t.Fatalf("bob books slot 1: %d %s", r.Status, r.Body)
 	}

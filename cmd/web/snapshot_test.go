@@ -22,7 +22,9 @@ type tableState struct {
 	Hash string
 }
 
-// snapshotDB reads every table in every schema but PostgreSQL's own.
+// snapshotDB reads every table in every schema but PostgreSQL's own. A test
+// comparing snapshots runs its server with EVENTS_WORKERS=off, so that no
+// relay or consumer changes rows behind its back.
 func snapshotDB(t testing.TB, pool *pgxpool.Pool) dbSnapshot {
 	t.Helper()
 	ctx := context.Background()
