@@ -47,17 +47,17 @@ func orDash(s string) string {
 	return s
 }
 
-// truthExplanation says what a provider truth means for the operation.
+// truthExplanation says what a system's truth of a key means.
 func truthExplanation(truth string) string {
 	switch truth {
 	case "NOT_STARTED":
-		return "The provider has no record of this key: the call never arrived (or never will). Retrying it is safe."
+		return "No call with this key has arrived there yet. A status answer describes the past: a call may still be on its way until its deadline (plus the clock-skew margin) has passed; only then is it safe to send it again."
 	case "RUNNING":
-		return "The provider accepted the call and is still working on it."
+		return "It accepted the call and is still working on it."
 	case "COMPLETED":
-		return "The provider applied the cancellation."
+		return "It applied the call: the effect happened, once."
 	case "REJECTED":
-		return "The provider refused the cancellation; nothing was applied."
+		return "It refused the call; nothing was applied."
 	default:
 		return ""
 	}

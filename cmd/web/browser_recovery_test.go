@@ -111,19 +111,29 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 	// whose status could not be asked would leave them).
 	var ids []int64
 	rows, err := s.DB.Pool.Query(bg, `
-		INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status, owner_token,
-		                               owner_id, lease_expires_at, provider_key, attempts, last_error, steps)
-		SELECT p.id, 'CANCEL', p.user_id, 'k-' || p.id, 'NEEDS_RECONCILIATION', gen_random_uuid(),
-		       'recovery on app-2', now(), format('policy-%s-cancel-1', p.id), 3,
-		       'after 5 polls the provider could not be asked, and the provider is not idempotent: a person must decide',
-		       '{"record_intent": "DONE", "provider_cancel": "UNKNOWN", "mark_cancelled": "PENDING"}'
-		  FROM policies p JOIN users u ON u.id = p.user_id
-		 WHERE u.name = 'bob'
-		 ORDER BY p.id LIMIT 2
-		RETURNING id`)
-	if err != nil {
-		t.Fatal(err)
-	}
+		WITH o AS (
+		    INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, status, owner_token,
+		                            owner_id, lease_expires_at, attempts, last_error, next_attempt_at)
+		    SELECT p.id, 'CANCEL', p.user_id, 'k-' || p.id, 'NEEDS_RECONCILIATION', gen_random_uuid(),
+		           'recovery on app-2', now(), 3,
+		           'after 5 polls the provider could not be asked, and the provider is not idempotent: a person must decide',
+		           now() + interval '1 hour' -- not asked again during the test
+		      FROM policies p JOIN users u ON u.id = p.user_id
+		     WHERE u.name = 'bob'
+		     ORDER BY p.id LIMIT 2
+		    RETURNING id),
+		steps AS (
+		    INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state,
+		                                 attempts, deadline_at, sent_at, request, finished_at)
+		    SELECT o.id, 1, s.position, s.name, o.id || ':' || s.name, s.system, s.state,
+		           CASE WHEN s.system IS NOT NULL THEN 1 ELSE 0 END,
+		           CASE WHEN s.state = 'UNKNOWN' THEN now() END, CASE WHEN s.state = 'UNKNOWN' THEN now() END,
+		           CASE WHEN s.state = 'UNKNOWN' THEN '{}'::jsonb END, CASE WHEN s.state = 'DONE' THEN now() END
+		      FROM o,
+		           (VALUES (1, 'record_intent', NULL, 'DONE'), (2, 'provider_cancel', 'provider', 'UNKNOWN'),
+		                   (3, 'mark_cancelled', NULL, 'PENDING'), (4, 'publish_event', NULL, 'PENDING'),
+		                   (5, 'audit', NULL, 'PENDING')) AS s(position, name, system, state))
+		SELECT id FROM o`)
 	for rows.Next() {
 		var id int64
 		rows.Scan(&id)
@@ -162,13 +172,13 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 		t.Errorf("notice %q", notice)
 	}
 	var opStatus, policyStatus string
-	s.DB.Pool.QueryRow(bg, `SELECT o.status, p.status FROM policy_operations o JOIN policies p ON p.id = o.policy_id WHERE o.id = $1`, ids[0]).Scan(&opStatus, &policyStatus)
+	s.DB.Pool.QueryRow(bg, `SELECT o.status, p.status FROM operations o JOIN policies p ON p.id = o.policy_id WHERE o.id = $1`, ids[0]).Scan(&opStatus, &policyStatus)
 	if opStatus != "SUCCEEDED" || policyStatus != "CANCELLED" {
 		t.Fatalf("after mark cancelled: operation %s, policy %s", opStatus, policyStatus)
 	}
 
 	// Another admin decides on the second one while this page shows it.
-	s.DB.Pool.Exec(bg, `UPDATE policy_operations SET status = 'FAILED', updated_at = now(), finished_at = now() WHERE id = $1`, ids[1])
+	s.DB.Pool.Exec(bg, `UPDATE operations SET status = 'FAILED', updated_at = now(), finished_at = now() WHERE id = $1`, ids[1])
 	var page string
 	err = chromedp.Run(ctx,
 		chromedp.Click(fmt.Sprintf(`[data-testid="reconcile-%d"] [data-testid="resolve-retry"] button`, ids[1]), chromedp.ByQuery),

@@ -27,7 +27,7 @@ func TestBrowserCancelAPolicy(t *testing.T) {
 		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="operation-panel"][data-status="SUCCEEDED"]`, chromedp.ByQuery),
 		chromedp.Text(`[data-testid="operation-status"]`, &status, chromedp.ByQuery),
-		chromedp.Text(`[data-testid="provider-truth"]`, &truth, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="truth-provider_cancel"]`, &truth, chromedp.ByQuery),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestBrowserCancelAPolicy(t *testing.T) {
 	}
 	err = chromedp.Run(ctx,
 		chromedp.WaitVisible(`[data-testid="operation-panel"][data-status="SUCCEEDED"]`, chromedp.ByQuery),
-		chromedp.Text(`[data-testid="provider-truth"]`, &truth, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="truth-provider_cancel"]`, &truth, chromedp.ByQuery),
 	)
 	if err != nil {
 		t.Fatal(err)

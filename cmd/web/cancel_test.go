@@ -66,12 +66,15 @@ func (s *testServer) assertInvariants(t testing.TB) {
 }
 
 type operationJSON struct {
-	ID          int64             `json:"id"`
-	PolicyID    int64             `json:"policy_id"`
-	Status      string            `json:"status"`
-	ProviderKey string            `json:"provider_key"`
-	Steps       map[string]string `json:"steps"`
-	Timeline    []struct {
+	ID       int64  `json:"id"`
+	PolicyID int64  `json:"policy_id"`
+	Status   string `json:"status"`
+	Steps    []struct {
+		Name  string `json:"name"`
+		Key   string `json:"key"`
+		State string `json:"state"`
+	} `json:"steps"`
+	Timeline []struct {
 		ToStatus  string `json:"to_status"`
 		Statement string `json:"statement"`
 	} `json:"timeline"`
@@ -211,7 +214,7 @@ func TestConcurrentCancellationsWithDifferentKeys(t *testing.T) {
 		}
 	}
 	var ops int
-	s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM policy_operations WHERE policy_id = $1`, pid).Scan(&ops)
+	s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE policy_id = $1`, pid).Scan(&ops)
 	if ops != 1 || s.effects(t, pid) != 1 {
 		t.Fatalf("operations %d, effects %d", ops, s.effects(t, pid))
 	}
@@ -289,7 +292,7 @@ func TestCancelRefusesBadInputAndWritesNothing(t *testing.T) {
 		}
 	}
 	var ops, keys int
-	s.DB.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM policy_operations), (SELECT count(*) FROM idempotency_keys WHERE status = 'IN_PROGRESS')`).Scan(&ops, &keys)
+	s.DB.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM operations), (SELECT count(*) FROM idempotency_keys WHERE status = 'IN_PROGRESS')`).Scan(&ops, &keys)
 	if ops != 0 || keys != 0 {
 		t.Fatalf("bad requests left %d operations and %d keys in progress", ops, keys)
 	}
@@ -328,7 +331,7 @@ func TestAbandonAtACrashPointLeavesWorkInProgress(t *testing.T) {
 		t.Fatalf("abandoned request answered %d", resp.StatusCode)
 	}
 	var opStatus, keyStatus string
-	s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM policy_operations WHERE policy_id = $1`, pid).Scan(&opStatus)
+	s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM operations WHERE policy_id = $1`, pid).Scan(&opStatus)
 	s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE idempotency_key = 'abandoned'`).Scan(&keyStatus)
 	if opStatus != "IN_PROGRESS" || keyStatus != "IN_PROGRESS" {
 		t.Fatalf("after abandon: operation %q, key %q", opStatus, keyStatus)

@@ -107,7 +107,7 @@ func TestWriteTransactionsPerRequest(t *testing.T) {
 				t.Fatalf("form book: %d %s", r.Status, r.Body)
 			}
 		}},
-		{"cancel a policy, provider ok: claim + intent · the provider's · outcome + answer", 3, func(t *testing.T) {
+		{"cancel a policy, provider and payments ok: claim + intent · the provider's · its outcome + refund SENT · the payments service's · the refund's outcome + answer", 5, func(t *testing.T) {
 			if r := s.do(cancelReq(policy, "demo-alice", "commits-cancel", "")); r.Status != 200 {
 				t.Fatalf("cancel: %d %s", r.Status, r.Body)
 			}
@@ -122,7 +122,7 @@ func TestWriteTransactionsPerRequest(t *testing.T) {
 				t.Fatalf("duplicate intent: %d %s", r.Status, r.Body)
 			}
 		}},
-		{"cancel from the policy page's form", 3, func(t *testing.T) {
+		{"cancel from the policy page's form", 5, func(t *testing.T) {
 			r := postForm(t, s, browser, fmt.Sprintf("/policies/%d/cancel", formPolicy),
 				url.Values{"_csrf": {csrf}, "idempotency_key": {"commits-form-cancel"}})
 			if r.Status != 303 || !strings.HasPrefix(r.Header.Get("Location"), "/operations/") {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/web"
 )
@@ -79,8 +80,21 @@ type config struct {
 	// crash switch. Off by default: a binary started without it is run for
 	// real, and people sign in with passwords (docs/api.md "Demo mode").
 	DemoMode bool
-	Recovery recoveryConfig // RECOVERY_*, PROVIDER_IDEMPOTENT_CALLS (recovery.go)
-	Events   eventsConfig   // EVENTS_*, NATS_URL (events.go)
+	// Recovery is the recovery loop's configuration (RECOVERY_*,
+	// OPERATION_LEASE): internal/recovery reads and validates it.
+	Recovery recovery.Config
+	Events   eventsConfig // EVENTS_*, NATS_URL (events.go)
+	// Beliefs is what the app is told at start about each external system's
+	// idempotency (PROVIDER_IDEMPOTENT_CALLS, PAYMENTS_IDEMPOTENT_CALLS,
+	// each defaulting to the fake's own switch PROVIDER_IDEMPOTENT /
+	// PAYMENTS_IDEMPOTENT). A system not named keeps what the database says.
+	Beliefs       map[string]bool
+	beliefSources map[string]string
+}
+
+// beliefSource names the variable a belief came from, for the database row.
+func (c config) beliefSource(system string) string {
+	return c.beliefSources[system] + " at the start of " + c.InstanceID
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -145,14 +159,29 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.IdempotencyTTL, err = durationEnv(getenv, "IDEMPOTENCY_TTL", 24*time.Hour); err != nil {
 		return c, err
 	}
-	if c.OperationLease, err = durationEnv(getenv, "OPERATION_LEASE", 30*time.Second); err != nil {
+	if c.Recovery, err = recovery.LoadConfig(getenv); err != nil {
 		return c, err
 	}
 	if c.Events, err = loadEventsConfig(getenv, c.DatabaseURL); err != nil {
 		return c, err
 	}
-	if c.Recovery, err = loadRecoveryConfig(getenv); err != nil {
-		return c, err
+	c.OperationLease = c.Recovery.Lease
+	c.Beliefs, c.beliefSources = map[string]bool{}, map[string]string{}
+	for system, names := range map[string][2]string{
+		"provider": {"PROVIDER_IDEMPOTENT_CALLS", "PROVIDER_IDEMPOTENT"},
+		"payments": {"PAYMENTS_IDEMPOTENT_CALLS", "PAYMENTS_IDEMPOTENT"},
+	} {
+		name := names[0]
+		if getenv(name) == "" {
+			name = names[1] // the fake's own switch, when the belief is not set apart from it
+		}
+		switch v := getenv(name); v {
+		case "":
+		case "true", "false":
+			c.Beliefs[system], c.beliefSources[system] = v == "true", name
+		default:
+			return c, fmt.Errorf("%s: %q is neither true nor false", name, v)
+		}
 	}
 	if c.BookingStrategy, err = slots.ParseStrategy(getenv("BOOKING_STRATEGY")); err != nil {
 		return c, fmt.Errorf("BOOKING_STRATEGY: %w", err)

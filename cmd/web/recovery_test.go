@@ -206,7 +206,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	// On a loaded machine a few calls may have come back before the kill;
 	// the rest died with the process.
 	var live, atCrash int
-	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&atCrash)
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&atCrash)
 	if atCrash == 0 {
 		t.Fatalf("no operation was in flight at the crash")
 	}
@@ -220,11 +220,11 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	}
 	bound := lease + interval + polling + lease + 2*time.Second
 	waitUntil(t, bound+10*time.Second, func() bool {
-		db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&live)
+		db.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&live)
 		return live == 0
 	})
 	var lastFinished time.Time
-	db.Pool.QueryRow(ctx, `SELECT max(finished_at) FROM policy_operations`).Scan(&lastFinished)
+	db.Pool.QueryRow(ctx, `SELECT max(finished_at) FROM operations`).Scan(&lastFinished)
 	elapsed := lastFinished.Sub(killed)
 	t.Logf("crash → last operation finished: %s for %d operations in flight (bound %s; provider slow %s)", elapsed.Round(time.Millisecond), atCrash, bound, slow)
 	if elapsed > bound {
@@ -232,7 +232,7 @@ func TestRealCrashAnotherInstanceFinishesEveryOperation(t *testing.T) {
 	}
 
 	var succeeded, byApp2 int
-	db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
 	db.Pool.QueryRow(ctx, `SELECT count(DISTINCT operation_id) FROM operation_events WHERE to_status = 'SUCCEEDED' AND actor = 'recovery on app-2'`).Scan(&byApp2)
 	if succeeded != len(targets) || byApp2 != atCrash {
 		t.Errorf("succeeded %d of %d, finished by app-2 %d of %d in flight", succeeded, len(targets), byApp2, atCrash)

@@ -135,10 +135,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	}
 	registry := prometheus.NewRegistry()
 	idem := idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL)
-	canceller := policies.NewCanceller(pool, providerClient, cfg.OperationLease)
-	canceller.Crash = crashes.At
 	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
-	recoveryLoop := newRecoveryLoop(cfg, canceller, logger, registry)
+	wf, err := newWorkflows(ctx, cfg, pool, providerClient, paymentsClient, crashes, logger, registry)
+	if err != nil {
+		return err
+	}
 	eventsRun := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
 
 	app := web.New(web.Config{
@@ -160,8 +161,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Migrator:        migrator,
 		Registry:        registry,
 		Idempotency:     idem,
-		Canceller:       canceller,
-		Recovery:        recoveryLoop,
+		Canceller:       wf.canceller,
+		Engine:          wf.engine,
+		Recovery:        wf.recovery,
 		Crash:           crashes,
 		Provider:        providerClient,
 		ProviderControl: providerControl,
@@ -195,7 +197,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	startLoop(idempotency.NewJanitor(idem, idempotency.JanitorConfig{Logger: logger}).Run)
 	// Operations a timeout or a crash left IN_PROGRESS are finished here,
 	// by whichever instance claims them first.
-	startLoop(recoveryLoop.Run)
+	startLoop(wf.recovery.Run)
 	// Events: the relay (NATS) and one instance of each consumer, on
 	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
 	if cfg.Events.Workers {

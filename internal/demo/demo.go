@@ -88,7 +88,7 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, accounts []Account, today tim
 			if a.Role != users.RoleCustomer {
 				continue
 			}
-			if err := seedPolicies(ctx, tx, userID, a.Name, PoliciesPerCustomer); err != nil {
+			if err := seedPolicies(ctx, tx, userID, a.Name, PoliciesPerCustomer, today); err != nil {
 				return err
 			}
 		}
@@ -96,17 +96,21 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, accounts []Account, today tim
 	})
 }
 
-func seedPolicies(ctx context.Context, tx pgx.Tx, userID int64, name string, n int) error {
+func seedPolicies(ctx context.Context, tx pgx.Tx, userID int64, name string, n int, today time.Time) error {
 	holder := strings.ToUpper(name[:1]) + name[1:]
 	_, err := tx.Exec(ctx, `
-		INSERT INTO policies (user_id, number, holder, premium)
+		INSERT INTO policies (user_id, number, holder, premium, coverage_start, coverage_end)
 		SELECT $1,
 		       format('POL-%s-%s', upper($2), lpad(i::text, 3, '0')),
 		       $3,
-		       (120 + i * 37.5)::numeric(10,2)
+		       (120 + i * 37.5)::numeric(10,2),
+		       -- a year's cover each, the i-th begun 45·i days ago: each
+		       -- cancellation refunds a different share of its premium
+		       $5::date - 45 * i,
+		       $5::date - 45 * i + 365
 		  FROM generate_series(1, $4) AS i
 		ON CONFLICT (number) DO NOTHING -- seeding twice changes nothing`,
-		userID, name, holder, n)
+		userID, name, holder, n, today.UTC().Format(time.DateOnly))
 	if err != nil {
 		return fmt.Errorf("demo: seed policies of %s: %w", name, err)
 	}

@@ -79,7 +79,8 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE sessions, mailbox, operation_events, policy_operations, idempotency_keys, bookings, slots, policies, users
+			TRUNCATE sessions, mailbox, audit_entries, operation_calls, operation_steps, operation_events, operations,
+			         idempotency_keys, bookings, slots, policies, users
 			RESTART IDENTITY`)
 		if err != nil {
 			return fmt.Errorf("demo: reset: %w", err)
@@ -95,15 +96,16 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 			return fmt.Errorf("demo: reset users: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO policies (user_id, number, holder, premium)
+			INSERT INTO policies (user_id, number, holder, premium, coverage_start, coverage_end)
 			SELECT u.id,
 			       format('POL-%s-%s', upper(u.name), lpad(i::text, 3, '0')),
 			       initcap(u.name),
-			       (120 + i * 37.5)::numeric(10,2)
+			       (120 + i * 37.5)::numeric(10,2),
+			       $2::date - 45 * (1 + (i - 1) % 5), $2::date - 45 * (1 + (i - 1) % 5) + 365
 			  FROM users u,
 			       generate_series(1, $1) AS i
 			 WHERE u.role = 'customer'
-			 ORDER BY u.id, i`, d.PoliciesPerUser); err != nil {
+			 ORDER BY u.id, i`, d.PoliciesPerUser, today.UTC().Format(time.DateOnly)); err != nil {
 			return fmt.Errorf("demo: reset policies: %w", err)
 		}
 		day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)

@@ -5,14 +5,23 @@
 //  2. At most one operation per (policy_id, operation_type).
 //  3. At most one confirmed booking per slot; a slot is BOOKED exactly when
 //     it has one.
-//  4. A policy is CANCELLED exactly when its cancellation SUCCEEDED and the
-//     provider says COMPLETED.
+//  4. A policy is CANCELLED exactly when its cancellation's mark_cancelled
+//     step is DONE — which happens only once the provider says COMPLETED
+//     for the provider_cancel step's key; a FAILED cancellation was never
+//     applied by the provider.
 //  5. A completed idempotency key replays the identical status and body:
 //     here, every COMPLETED key holds a whole stored response (replaying it
 //     byte for byte is the middleware's job, tested there).
 //  6. Once faults stop, every operation reaches a terminal state within
 //     lease + recovery interval + bounded polling: here, no live operation's
 //     lease ran out more than Options.StaleAfter ago.
+//  7. At most one refund per policy in the payments ledger; a refund only
+//     for a CANCELLED policy; a refund step DONE is one the payments
+//     service reports COMPLETED; every cancelled policy has its refund DONE
+//     or its operation still waiting (for recovery or for a person); and a
+//     SUCCEEDED operation has every step of its run DONE.
+//  10. Steps are never done out of order: no step is DONE while an earlier
+//     step of the same run is not, or finished before it.
 //
 // Check is read-only and cheap enough to call during a load test (about
 // 180 ms with 100k rows in every table, BenchmarkCheck100k): each invariant
@@ -91,9 +100,10 @@ var checks = []check{
 		HAVING count(*) > 1`, ""},
 	{2, "more than one operation for the same policy and operation type", `
 		SELECT policy_id
-		  FROM policy_operations
+		  FROM operations
+		 WHERE policy_id IS NOT NULL
 		 GROUP BY policy_id, operation_type
-		HAVING count(*) > 1`, "policy_operations_policy_type_key"},
+		HAVING count(*) > 1`, "operations_policy_type_key"},
 	{3, "a slot with more than one confirmed booking", `
 		SELECT slot_id
 		  FROM bookings
@@ -114,33 +124,84 @@ var checks = []check{
 		  JOIN slots s ON s.id = b.slot_id
 		 WHERE b.status = 'CONFIRMED'
 		   AND (s.status <> 'BOOKED' OR s.booking_id IS DISTINCT FROM b.id)`, ""},
-	{4, "a CANCELLED policy without a SUCCEEDED cancellation", `
-		SELECT p.id
-		  FROM policies p
-		  LEFT JOIN policy_operations o
-		    ON o.policy_id = p.id AND o.operation_type = 'CANCEL' AND o.status = 'SUCCEEDED'
-		 WHERE p.status = 'CANCELLED'
-		   AND o.id IS NULL`, ""},
-	{4, "a SUCCEEDED cancellation whose policy is not CANCELLED", `
-		SELECT o.id
-		  FROM policy_operations o
-		  JOIN policies p ON p.id = o.policy_id
-		 WHERE o.operation_type = 'CANCEL'
-		   AND o.status = 'SUCCEEDED'
-		   AND p.status <> 'CANCELLED'`, ""},
-	{4, "a SUCCEEDED cancellation the provider does not report COMPLETED", `
-		SELECT o.id
-		  FROM policy_operations o
-		  LEFT JOIN fake_provider.requests r ON r.idempotency_key = o.provider_key
-		 WHERE o.status = 'SUCCEEDED'
+	// The cancellation's steps of the operation's current run, by name.
+	// "Exactly when", both sides in one pass: the CANCELLED policies and
+	// the policies whose cancellation did mark_cancelled, and whatever is
+	// on one side only.
+	{4, "a policy CANCELLED without its cancellation's mark_cancelled DONE, or the other way round", `
+		SELECT coalesce(p.id, m.policy_id)
+		  FROM (SELECT id FROM policies WHERE status = 'CANCELLED') p
+		  FULL JOIN (SELECT o.policy_id
+		               FROM operation_steps s
+		               JOIN operations o ON o.id = s.operation_id AND o.run = s.run
+		              WHERE s.name = 'mark_cancelled'
+		                AND s.state = 'DONE'
+		                AND o.operation_type = 'CANCEL') m
+		    ON m.policy_id = p.id
+		 WHERE p.id IS NULL
+		    OR m.policy_id IS NULL`, ""},
+	{4, "a provider_cancel DONE that the provider does not report COMPLETED", `
+		SELECT s.operation_id
+		  FROM operation_steps s
+		  LEFT JOIN fake_provider.requests r ON r.idempotency_key = s.step_key
+		 WHERE s.name = 'provider_cancel'
+		   AND s.state = 'DONE'
 		   AND (r.idempotency_key IS NULL
 		        OR fake_provider.truth(r.outcome, r.completes_at, now()) <> 'COMPLETED')`, ""},
 	{4, "a FAILED cancellation the provider applied", `
 		SELECT o.id
-		  FROM policy_operations o
-		  JOIN fake_provider.requests r ON r.idempotency_key = o.provider_key
+		  FROM operations o
+		  JOIN operation_steps s ON s.operation_id = o.id AND s.run = o.run AND s.name = 'provider_cancel'
+		  JOIN fake_provider.requests r ON r.idempotency_key = s.step_key
 		 WHERE o.status = 'FAILED'
 		   AND r.outcome = 'ACCEPTED'`, ""},
+	{7, "more than one refund for a policy in the payments ledger", `
+		SELECT policy_id
+		  FROM fake_payments.ledger
+		 WHERE kind = 'refund'
+		   AND policy_id IS NOT NULL
+		 GROUP BY policy_id
+		HAVING count(*) > 1`, ""},
+	{7, "a refund for a policy that is not CANCELLED", `
+		SELECT l.policy_id
+		  FROM fake_payments.ledger l
+		  JOIN policies p ON p.id = l.policy_id
+		 WHERE l.kind = 'refund'
+		   AND p.status <> 'CANCELLED'`, ""},
+	{7, "a refund DONE that the payments service does not report COMPLETED", `
+		SELECT s.operation_id
+		  FROM operation_steps s
+		  LEFT JOIN fake_payments.refunds r ON r.idempotency_key = s.step_key
+		 WHERE s.name = 'refund'
+		   AND s.state = 'DONE'
+		   AND NOT coalesce(s.answer ? 'skipped', false) -- nothing was owed: no call was made
+		   AND (r.idempotency_key IS NULL
+		        OR fault.truth(r.outcome, r.completes_at, now()) <> 'COMPLETED')`, ""},
+	{7, "a cancelled policy whose refund is neither DONE nor waiting for recovery or a person", `
+		SELECT o.id
+		  FROM operations o
+		  JOIN operation_steps m ON m.operation_id = o.id AND m.run = o.run AND m.name = 'mark_cancelled' AND m.state = 'DONE'
+		  JOIN operation_steps r ON r.operation_id = o.id AND r.run = o.run AND r.name = 'refund'
+		 WHERE r.state <> 'DONE'
+		   AND o.status NOT IN ('IN_PROGRESS', 'RECOVERING', 'NEEDS_RECONCILIATION')`, ""},
+	{7, "a SUCCEEDED operation with a step of its run not DONE", `
+		SELECT DISTINCT o.id
+		  FROM operations o
+		  JOIN operation_steps s ON s.operation_id = o.id AND s.run = o.run
+		 WHERE o.status = 'SUCCEEDED'
+		   AND s.state <> 'DONE'`, ""},
+	// One pass over the steps in key order, each beside the one before it:
+	// a DONE step right after one not DONE, or finished before it, is out
+	// of order (and any disorder shows as such a pair).
+	{10, "a step DONE before an earlier step of its run (not done, or finished later)", `
+		SELECT DISTINCT operation_id
+		  FROM (SELECT operation_id, state, finished_at,
+		               lag(state) OVER earlier AS before_state,
+		               lag(finished_at) OVER earlier AS before_finished
+		          FROM operation_steps
+		        WINDOW earlier AS (PARTITION BY operation_id, run ORDER BY position)) s
+		 WHERE state = 'DONE'
+		   AND (before_state <> 'DONE' OR before_finished > finished_at)`, ""},
 	{5, "a COMPLETED idempotency key without a whole stored response (ids are its users)", `
 		SELECT user_id
 		  FROM idempotency_keys
@@ -151,7 +212,7 @@ var checks = []check{
 // staleCheck is invariant 6; its threshold is a parameter.
 const staleCheck = `
 		SELECT id
-		  FROM policy_operations
+		  FROM operations
 		 WHERE status IN ('IN_PROGRESS', 'RECOVERING')
 		   AND lease_expires_at < now() - make_interval(secs => $1)`
 
@@ -243,7 +304,7 @@ func count(ctx context.Context, db database.DBTX) (Counts, error) {
 	c := Counts{OperationsByStatus: map[string]int64{}}
 	rows, err := db.Query(ctx, `
 		SELECT status, count(*)
-		  FROM policy_operations
+		  FROM operations
 		 GROUP BY status`)
 	if err != nil {
 		return c, fmt.Errorf("invariants: count operations: %w", err)
@@ -264,7 +325,7 @@ func count(ctx context.Context, db database.DBTX) (Counts, error) {
 		          FROM bookings) b,
 		       (SELECT count(*) AS total FROM fake_provider.effects) e,
 		       (SELECT count(*) AS stale
-		          FROM policy_operations
+		          FROM operations
 		         WHERE status IN ('IN_PROGRESS', 'RECOVERING')
 		           AND lease_expires_at < now()) o,
 		       (SELECT count(*) FILTER (WHERE status = 'IN_PROGRESS') AS in_progress,

@@ -2,6 +2,7 @@ package invariants_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,20 +47,36 @@ func TestEveryBrokenInvariantIsReported(t *testing.T) {
 			INSERT INTO bookings (slot_id, user_id) VALUES (1, 1), (1, 2)`},
 		{4, "a cancelled policy without an operation", `
 			UPDATE policies SET status = 'CANCELLED' WHERE id = 1`},
-		{4, "a succeeded operation the provider never saw", `
-			INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status, provider_key)
-			SELECT id, 'CANCEL', user_id, 'k', 'SUCCEEDED', 'never-sent' FROM policies WHERE id = 2;
-			UPDATE policies SET status = 'CANCELLED' WHERE id = 2`},
-		{4, "a failed operation the provider applied", `
-			INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status, provider_key)
-			SELECT id, 'CANCEL', user_id, 'k', 'FAILED', 'applied-key' FROM policies WHERE id = 3;
+		{4, "a cancellation done the provider never saw", operation(2, "SUCCEEDED", "now() + interval '1 hour'",
+			"DONE", "DONE", "DONE", "DONE", "DONE", "DONE") + `
+			UPDATE policies SET status = 'CANCELLED' WHERE id = 2;
+			INSERT INTO fake_payments.refunds (idempotency_key, policy_id, amount_cents, outcome, completes_at)
+			SELECT step_key, 2, 100, 'ACCEPTED', now() - interval '1 second' FROM operation_steps WHERE name = 'refund'`},
+		{4, "a failed cancellation the provider applied", operation(3, "FAILED", "NULL", "DONE", "FAILED", "PENDING", "PENDING", "PENDING", "PENDING") + `
 			INSERT INTO fake_provider.requests (idempotency_key, policy_id, outcome, completes_at)
-			VALUES ('applied-key', 3, 'ACCEPTED', now())`},
-		{6, "an operation stuck long after its lease", `
-			INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status,
-			                               owner_token, lease_expires_at, provider_key)
-			SELECT id, 'CANCEL', user_id, 'k', 'IN_PROGRESS', gen_random_uuid(), now() - interval '1 hour', 'stuck'
-			  FROM policies WHERE id = 4`},
+			SELECT step_key, 3, 'ACCEPTED', now() FROM operation_steps WHERE name = 'provider_cancel'`},
+		{6, "an operation stuck long after its lease", operation(4, "IN_PROGRESS", "now() - interval '1 hour'",
+			"DONE", "SENT", "PENDING", "PENDING", "PENDING", "PENDING")},
+		{7, "a succeeded operation with a step not done", operation(4, "SUCCEEDED", "NULL", "DONE", "PENDING", "PENDING", "PENDING", "PENDING", "PENDING")},
+		{7, "two refunds for one policy", cancelled(1) + `
+			INSERT INTO fake_payments.ledger (kind, idempotency_key, policy_id, amount_cents, applied_at)
+			SELECT 'refund', step_key, 1, 100, now() FROM operation_steps WHERE name = 'refund'
+			UNION ALL
+			SELECT 'refund', step_key, 1, 100, now() FROM operation_steps WHERE name = 'refund'`},
+		{7, "a refund for a policy not cancelled", `
+			INSERT INTO fake_payments.ledger (kind, idempotency_key, policy_id, amount_cents, applied_at)
+			VALUES ('refund', 'k', 2, 100, now())`},
+		{7, "a refund done the payments service never saw", cancelled(3) + `
+			DELETE FROM fake_payments.refunds`},
+		{7, "a cancelled policy left without its refund", operation(4, "SUCCEEDED", "NULL", "DONE", "DONE", "DONE", "DONE", "FAILED", "PENDING") + `
+			UPDATE policies SET status = 'CANCELLED' WHERE id = 4;
+			INSERT INTO fake_provider.requests (idempotency_key, policy_id, outcome, completes_at)
+			SELECT step_key, 4, 'ACCEPTED', now() - interval '1 second' FROM operation_steps WHERE name = 'provider_cancel'`},
+		{10, "a step done before an earlier one", operation(4, "IN_PROGRESS", "now() + interval '1 hour'",
+			"DONE", "PENDING", "PENDING", "PENDING", "PENDING", "DONE")},
+		{10, "a step finished before the one before it", cancelled(4) + `
+			UPDATE operation_steps SET finished_at = now() - interval '1 minute' WHERE name = 'record_intent';
+			UPDATE operation_steps SET finished_at = now() - interval '2 minutes' WHERE name <> 'record_intent'`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -85,4 +102,40 @@ func TestEveryBrokenInvariantIsReported(t *testing.T) {
 			}
 		})
 	}
+}
+
+// operation is SQL that makes a cancellation of policy policyID in status,
+// its lease until lease (an SQL expression), with its six steps in the
+// states given (record_intent, provider_cancel, mark_cancelled,
+// publish_event, refund, audit), behind the application's back.
+func operation(policyID int, status, lease string, states ...string) string {
+	return fmt.Sprintf(`
+		INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, status, owner_token, lease_expires_at)
+		SELECT id, 'CANCEL', user_id, 'k', '%s', gen_random_uuid(), %s FROM policies WHERE id = %d;
+		INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, deadline_at, sent_at, request, finished_at)
+		SELECT o.id, 1, s.position, s.name, o.id || ':' || s.name, s.system, s.state,
+		       CASE WHEN s.state IN ('SENT', 'UNKNOWN') THEN now() END,
+		       CASE WHEN s.state IN ('SENT', 'UNKNOWN') THEN now() END,
+		       CASE WHEN s.state IN ('SENT', 'UNKNOWN') THEN '{}'::jsonb END,
+		       CASE WHEN s.state IN ('DONE', 'FAILED') THEN now() END
+		  FROM operations o,
+		       (VALUES (1, 'record_intent', NULL, '%s'), (2, 'provider_cancel', 'provider', '%s'), (3, 'mark_cancelled', NULL, '%s'),
+		               (4, 'publish_event', NULL, '%s'), (5, 'refund', 'payments', '%s'), (6, 'audit', NULL, '%s')) AS s(position, name, system, state)
+		 WHERE o.policy_id = %d;`, status, lease, policyID, states[0], states[1], states[2], states[3], states[4], states[5], policyID)
+}
+
+// cancelled is SQL for a cancellation of policyID done right: every step
+// DONE, the policy CANCELLED, the provider's and the payments service's
+// records of their keys COMPLETED.
+func cancelled(policyID int) string {
+	return operation(policyID, "SUCCEEDED", "NULL", "DONE", "DONE", "DONE", "DONE", "DONE", "DONE") + fmt.Sprintf(`
+		UPDATE policies SET status = 'CANCELLED' WHERE id = %[1]d;
+		INSERT INTO fake_provider.requests (idempotency_key, policy_id, outcome, completes_at)
+		SELECT s.step_key, %[1]d, 'ACCEPTED', now() - interval '3 minutes'
+		  FROM operation_steps s JOIN operations o ON o.id = s.operation_id
+		 WHERE o.policy_id = %[1]d AND s.name = 'provider_cancel';
+		INSERT INTO fake_payments.refunds (idempotency_key, policy_id, amount_cents, outcome, completes_at)
+		SELECT s.step_key, %[1]d, 100, 'ACCEPTED', now() - interval '3 minutes'
+		  FROM operation_steps s JOIN operations o ON o.id = s.operation_id
+		 WHERE o.policy_id = %[1]d AND s.name = 'refund';`, policyID)
 }

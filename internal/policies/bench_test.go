@@ -9,17 +9,23 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
-// BenchmarkStartAndSucceed measures the cancellation's own two
-// transactions without the provider call between them: record the intent
-// (insert + event), then the fenced finish (operation SUCCEEDED, policy
-// CANCELLED, event). Each iteration cancels a fresh policy.
+// BenchmarkCancelTransactions measures the cancellation's own transactions
+// without the HTTP round trips between them: record the intent and
+// provider_cancel SENT; the provider's outcome with mark_cancelled,
+// publish_event and refund SENT; the refund's outcome with audit. Both
+// systems are in-process clients that confirm at once. Each iteration
+// cancels a fresh policy.
 //
-//	go test -run '^$' -bench StartAndSucceed ./internal/policies/
-func BenchmarkStartAndSucceed(b *testing.B) {
+//	go test -run '^$' -bench CancelTransactions ./internal/policies/
+func BenchmarkCancelTransactions(b *testing.B) {
 	db := testdb.New(b)
 	ctx := context.Background()
 	_, err := demo.Reset(ctx, db.Pool, demo.DefaultAccounts(), demo.Dataset{Users: 100, PoliciesPerUser: 100, Slots: 1}, time.Now(), demo.TokenFor([]byte("b")))
@@ -35,8 +41,7 @@ func BenchmarkStartAndSucceed(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := policies.NewStore(db.Pool)
-	owner := policies.Owner{ID: "bench", Lease: 30 * time.Second}
+	c := policies.NewCanceller(workflow.NewEngine(db.Pool, workflow.Config{}), confirmAtOnce{}, refundAtOnce{})
 	i := 0
 	for b.Loop() {
 		if i == len(list) {
@@ -44,21 +49,45 @@ func BenchmarkStartAndSucceed(b *testing.B) {
 		}
 		p := list[i]
 		i++
-		var op policies.Operation
-		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			var err error
-			op, err = st.StartCancellation(ctx, tx, p.UserID, p.ID, fmt.Sprint("k", i), "", owner)
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			_, err := st.Succeed(ctx, tx, op.ID, *op.OwnerToken, "bench", "confirmed")
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
+		op, err := c.Cancel(ctx, policies.CancelRequest{UserID: p.UserID, PolicyID: p.ID, RequestKey: fmt.Sprint("k", i), Actor: "bench"},
+			workflow.Hooks[workflow.Operation]{})
+		if err != nil || op.Status != workflow.StatusSucceeded {
+			b.Fatalf("cancel: %+v %v", op, err)
 		}
 	}
+}
+
+// confirmAtOnce and refundAtOnce are a provider and a payments service
+// that confirm every call without a network: the benchmark's second
+// provider.Client and payments.Client.
+type confirmAtOnce struct{}
+
+func (confirmAtOnce) Deadline() time.Time { return time.Now().Add(time.Second) }
+
+func (confirmAtOnce) Cancel(context.Context, provider.CancelRequest) (provider.Result, error) {
+	return provider.Result{Outcome: provider.Confirmed, Truth: provider.TruthCompleted}, nil
+}
+
+func (confirmAtOnce) Status(context.Context, string) (provider.Truth, error) {
+	return provider.TruthCompleted, nil
+}
+
+type refundAtOnce struct{}
+
+func (refundAtOnce) Deadline() time.Time { return time.Now().Add(time.Second) }
+
+func (refundAtOnce) Charge(context.Context, payments.ChargeRequest) (external.Result, error) {
+	return external.Result{Outcome: external.Confirmed, Truth: external.TruthCompleted}, nil
+}
+
+func (refundAtOnce) Refund(context.Context, payments.RefundRequest) (external.Result, error) {
+	return external.Result{Outcome: external.Confirmed, Truth: external.TruthCompleted}, nil
+}
+
+func (refundAtOnce) ChargeStatus(context.Context, string) (external.Truth, error) {
+	return external.TruthCompleted, nil
+}
+
+func (refundAtOnce) RefundStatus(context.Context, string) (external.Truth, error) {
+	return external.TruthCompleted, nil
 }

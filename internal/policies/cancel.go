@@ -4,62 +4,84 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
-// CrashPoint names a moment in the cancellation where a process can die, for
-// the crash labs and tests. What is durable at each point, and who finishes
-// the work, is the table in docs/cancellation.md.
-type CrashPoint = crash.Point
+// OperationCancel is the cancellation's operation type.
+const OperationCancel = "CANCEL"
 
+// The cancellation's steps, in order (doc.go draws them).
 const (
-	// CrashAfterClaim: the operation is recorded IN_PROGRESS under a lease;
-	// the provider was never called.
-	CrashAfterClaim CrashPoint = "after_claim"
-	// CrashAfterProviderCall: the provider answered (or timed out); nothing
-	// of its answer is recorded.
-	CrashAfterProviderCall CrashPoint = "after_provider_call"
-	// CrashAfterCommit: the outcome and the request's answer are committed;
-	// the client never received the answer.
-	CrashAfterCommit CrashPoint = "after_commit"
+	StepRecordIntent   = "record_intent"
+	StepProviderCancel = "provider_cancel"
+	StepMarkCancelled  = "mark_cancelled"
+	StepPublishEvent   = "publish_event"
+	StepRefund         = "refund"
+	StepAudit          = "audit"
 )
 
-// CrashPoints lists them in the order the workflow passes them.
-var CrashPoints = []CrashPoint{CrashAfterClaim, CrashAfterProviderCall, CrashAfterCommit}
+var (
+	// ErrDuplicateIntent: this policy already has a cancellation that is not
+	// FAILED. Returned as a *DuplicateIntentError naming it.
+	ErrDuplicateIntent = errors.New("policies: the policy already has a cancellation")
+)
 
-// Canceller runs the cancellation workflow of one request:
-//
-//	tx 1:  hooks.Begin (the request's key claim); record the intent
-//	       IN_PROGRESS with this request as owner (lease)
-//	       ── no transaction open ──
-//	call:  provider.Cancel with the operation's provider key
-//	       ── no transaction open ──
-//	tx 2:  confirmed → SUCCEEDED + policy CANCELLED · rejected → FAILED ·
-//	       unknown → stays IN_PROGRESS, handed to recovery;
-//	       and hooks.Finish (the caller's answer) in the same commit
-//
-// No transaction spans the network call: a slow provider never holds a row
-// lock or a connection.
-type Canceller struct {
-	pool     *pgxpool.Pool
-	store    *Store
-	provider provider.Client
-	lease    time.Duration
-	// Crash, when set, is called at each CrashPoint; a lab or test makes it
-	// kill the process there.
-	Crash func(ctx context.Context, at CrashPoint)
+// DuplicateIntentError names the operation that already expresses the intent.
+type DuplicateIntentError struct {
+	OperationID int64
+	Status      string
 }
 
-// NewCanceller returns a Canceller whose requests own an operation for lease.
-func NewCanceller(pool *pgxpool.Pool, p provider.Client, lease time.Duration) *Canceller {
-	return &Canceller{pool: pool, store: NewStore(pool), provider: p, lease: lease}
+func (e *DuplicateIntentError) Error() string {
+	return fmt.Sprintf("policies: the policy already has cancellation %d (%s)", e.OperationID, e.Status)
+}
+
+func (e *DuplicateIntentError) Unwrap() error { return ErrDuplicateIntent }
+
+// cancellation is the workflow's definition: which steps, each local (in
+// the transaction of its neighbours) or external (a call, under its step
+// key, between transactions).
+func cancellation(p provider.Client, pay payments.Client) workflow.Definition {
+	return workflow.Definition{
+		Type: OperationCancel,
+		Steps: []workflow.Step{
+			{Name: StepRecordIntent}, // written by startCancellation
+			{Name: StepProviderCancel, Call: providerCancel{p}, Refused: workflow.FailOperation},
+			{Name: StepMarkCancelled, Do: markCancelled},
+			{Name: StepPublishEvent, Do: publishCancelled},
+			// A refused refund cannot undo the cancellation: a person decides.
+			{Name: StepRefund, Call: paymentsRefund{pay}, Refused: workflow.Reconcile},
+			{Name: StepAudit, Do: audit},
+		},
+		// The names the crash labs used before the cancellation had steps.
+		CrashAliases: map[crash.Point]crash.Point{
+			"after_claim":         "before_" + StepProviderCancel,
+			"after_provider_call": "after_" + StepProviderCancel,
+		},
+	}
+}
+
+// CrashPoints lists where a process running a cancellation can be made to
+// die (CRASH_AT, PUT /api/v1/admin/crash), in the order a run passes them,
+// then the older names. docs/cancellation.md says what is durable at each.
+var CrashPoints = workflow.CrashPoints(cancellation(nil, nil))
+
+// Canceller runs cancellations on the workflow engine.
+type Canceller struct {
+	engine *workflow.Engine
+}
+
+// NewCanceller registers the cancellation workflow with engine, calling the
+// provider through p and the payments service through pay.
+func NewCanceller(engine *workflow.Engine, p provider.Client, pay payments.Client) *Canceller {
+	engine.Register(cancellation(p, pay))
+	return &Canceller{engine: engine}
 }
 
 // CancelRequest is one request to cancel a policy.
@@ -71,140 +93,107 @@ type CancelRequest struct {
 	Actor      string // who is asking, for the timeline: "request <id> on <instance>"
 }
 
-// Cancel runs the workflow and returns the operation as committed: SUCCEEDED,
-// FAILED (the provider refused), or IN_PROGRESS (outcome unknown; recovery
-// finishes it). The hooks tie it to the request (workflow.Hooks):
+// Cancel runs the cancellation of one request and returns the operation as
+// committed: SUCCEEDED (every step done), FAILED (the provider refused), or
+// IN_PROGRESS (an outcome unknown: recovery finishes it). The commits, with
+// the hooks (workflow.Hooks), are:
 //
-//   - hooks.Begin runs first in transaction 1;
-//   - a refusal decided in transaction 1 — ErrNotFound (no such active
-//     policy of this user) or a *DuplicateIntentError — goes to
-//     hooks.Finish in transaction 1 and commits with it (one commit), and is
-//     then returned as the error;
-//   - a retry of the request that started the operation (same key, after its
-//     process died) is answered in transaction 1 with the operation as it is
-//     now: nothing is called again;
-//   - otherwise hooks.Finish runs in the transaction that records the
-//     provider's outcome.
+//	tx 1:  hooks.Begin (the request's key claim) · record_intent
+//	       (IN_PROGRESS, owned by this request under a lease) ·
+//	       provider_cancel SENT with its deadline
+//	       ── no transaction open: the provider's own commit ──
+//	tx 2:  provider_cancel DONE · mark_cancelled · publish_event ·
+//	       refund SENT with its deadline
+//	       ── no transaction open: the payments service's own commit ──
+//	tx 3:  refund DONE · audit · SUCCEEDED · hooks.Finish (the answer,
+//	       stored with the outcome)
 //
-// Any other error rolls its transaction back and is returned: ErrLeaseLost
-// (someone took the operation over while the provider was called; the
-// outcome is theirs to record) or a database failure.
-func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, hooks workflow.Hooks[Operation]) (Operation, error) {
-	owner := Owner{ID: req.Actor, Lease: c.lease}
-	var op Operation
-	var refusal error // a business "no", committed with Finish
-	answered := false // a retry of the request that started the operation
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if err := hooks.RunBegin(ctx, tx); err != nil {
-			return err
-		}
-		var err error
-		op, err = c.store.StartCancellation(ctx, tx, req.UserID, req.PolicyID, req.RequestKey, req.Reason, owner)
-		var dup *DuplicateIntentError
-		switch {
-		case errors.As(err, &dup) && dup.SameRequest:
-			// Its first attempt died before answering: the answer is the
-			// operation's state now (finished by recovery, or under way).
-			if op, err = c.store.RecordRetry(ctx, tx, dup.OperationID, req.Actor); err != nil {
-				return err
-			}
-			answered = true
-			return hooks.RunFinish(ctx, tx, op, nil)
-		case errors.Is(err, ErrNotFound), errors.Is(err, ErrDuplicateIntent):
-			refusal = err
-			return hooks.RunFinish(ctx, tx, Operation{}, err)
-		case err != nil:
-			return err
-		}
-		return nil
-	})
+// A refusal decided in tx 1 — ErrNotFound (no such active policy of this
+// user) or a *DuplicateIntentError — goes to hooks.Finish in tx 1, commits
+// with the claim, and is returned. A retry of the request that started the
+// operation (same key, after its process died) is answered in tx 1 with
+// the operation as it is now: nothing is called again. Any other error
+// rolls its transaction back: workflow.ErrLeaseLost (recovery took the
+// operation over meanwhile; the outcome is its to record) or a database
+// failure.
+func (c *Canceller) Cancel(ctx context.Context, req CancelRequest, hooks workflow.Hooks[workflow.Operation]) (workflow.Operation, error) {
+	return c.engine.Start(ctx, OperationCancel, req.Actor, func(ctx context.Context, tx pgx.Tx, owner workflow.Owner) (workflow.Operation, bool, error) {
+		return startCancellation(ctx, tx, req, owner)
+	}, hooks)
+}
+
+var sqlStartCancellation = `
+INSERT INTO operations
+       (policy_id, operation_type, user_id, idempotency_key, reason, status,
+        owner_token, owner_id, lease_expires_at)
+SELECT id, 'CANCEL', user_id, $3, $4, 'IN_PROGRESS',
+       gen_random_uuid(), $5, now() + make_interval(secs => $6)
+  FROM policies
+ WHERE id = $1
+   AND user_id = $2 -- someone else's policy inserts nothing
+   AND status = 'ACTIVE'
+    ON CONFLICT (policy_id, operation_type) DO NOTHING -- the intent exists already: 0 rows
+RETURNING ` + workflow.OperationColumns
+
+var sqlRestartCancellation = `
+UPDATE operations
+   SET status = 'IN_PROGRESS',
+       run = run + 1, -- new step keys: a new run is a new call
+       idempotency_key = $2,
+       reason = $3,
+       owner_token = gen_random_uuid(),
+       owner_id = $4,
+       lease_expires_at = now() + make_interval(secs => $5),
+       released = NULL,
+       attempts = 0,
+       next_attempt_at = NULL,
+       last_error = NULL,
+       finished_at = NULL,
+       updated_at = now()
+ WHERE id = $1
+   AND status = 'FAILED' -- 0 rows: someone restarted it first
+RETURNING ` + workflow.OperationColumns
+
+// startCancellation is record_intent: the intent to cancel the policy,
+// owned by owner under a lease, in tx. A FAILED earlier cancellation is
+// started again (same row, next run). Refusals: ErrNotFound (no such
+// active policy of this user) and a *DuplicateIntentError (a cancellation
+// that is not FAILED exists). The request that started the existing
+// operation, come back with its key, gets it with existing true.
+func startCancellation(ctx context.Context, tx pgx.Tx, req CancelRequest, owner workflow.Owner) (workflow.Operation, bool, error) {
+	op, err := workflow.ScanOperation(tx.QueryRow(ctx, sqlStartCancellation,
+		req.PolicyID, req.UserID, req.RequestKey, req.Reason, owner.ID, owner.Lease.Seconds()))
+	if err == nil {
+		return op, false, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return workflow.Operation{}, false, fmt.Errorf("policies: start cancellation: %w", err)
+	}
+
+	// Nothing inserted: no such (active) policy of this user, or the intent exists.
+	existing, err := workflow.ScanOperation(tx.QueryRow(ctx, `
+		SELECT `+workflow.OperationColumns+`
+		  FROM operations
+		 WHERE policy_id = $1
+		   AND operation_type = 'CANCEL'
+		   AND user_id = $2`, req.PolicyID, req.UserID))
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return workflow.Operation{}, false, workflow.Refused(ErrNotFound)
 	case err != nil:
-		return Operation{}, err
-	case answered:
-		return op, nil
-	case refusal != nil:
-		return Operation{}, workflow.Refused(refusal)
+		return workflow.Operation{}, false, fmt.Errorf("policies: start cancellation: %w", err)
+	case existing.IdempotencyKey == req.RequestKey:
+		return existing, true, nil
+	case existing.Status != workflow.StatusFailed:
+		return workflow.Operation{}, false, workflow.Refused(&DuplicateIntentError{OperationID: existing.ID, Status: existing.Status})
 	}
-	c.crash(ctx, CrashAfterClaim)
-
-	// From here on the work continues even if the client goes away: it
-	// will retry with the same key and must find the work done or owned.
-	ctx = context.WithoutCancel(ctx)
-	res, err := c.provider.Cancel(ctx, provider.CancelRequest{Key: op.ProviderKey, PolicyID: op.PolicyID, Reason: op.Reason})
+	op, err = workflow.ScanOperation(tx.QueryRow(ctx, sqlRestartCancellation,
+		existing.ID, req.RequestKey, req.Reason, owner.ID, owner.Lease.Seconds()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return workflow.Operation{}, false, workflow.Refused(&DuplicateIntentError{OperationID: existing.ID, Status: workflow.StatusInProgress})
+	}
 	if err != nil {
-		// Not sent at all (the client refused its arguments): nothing was
-		// applied, but recovery is still the one place that decides.
-		res = provider.Result{Outcome: provider.Unknown, Err: err}
+		return workflow.Operation{}, false, fmt.Errorf("policies: restart cancellation: %w", err)
 	}
-	c.crash(ctx, CrashAfterProviderCall)
-
-	op, err = c.record(ctx, op.ID, *op.OwnerToken, note{actor: req.Actor}, res, hooks)
-	if err != nil {
-		return Operation{}, err
-	}
-	c.crash(ctx, CrashAfterCommit)
-	return op, nil
-}
-
-// Record writes what a provider call told us, as the owner holding token:
-// the one code path by which requests and the recovery loop finish an
-// operation. See Cancel for the transitions; hooks.Finish runs in the same
-// transaction.
-func (c *Canceller) Record(ctx context.Context, opID int64, token, actor string, res provider.Result, hooks workflow.Hooks[Operation]) (Operation, error) {
-	return c.record(ctx, opID, token, note{actor: actor}, res, hooks)
-}
-
-// record is Record with the recovery loop's branch and wording on the
-// timeline (n.detail "" keeps the default wording).
-func (c *Canceller) record(ctx context.Context, opID int64, token string, n note, res provider.Result, hooks workflow.Hooks[Operation]) (Operation, error) {
-	var op Operation
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var err error
-		switch res.Outcome {
-		case provider.Confirmed:
-			op, err = c.store.succeed(ctx, tx, opID, token, n.or("provider confirmed the cancellation"))
-		case provider.Rejected:
-			why := "provider refused: " + res.Reason
-			op, err = c.store.fail(ctx, tx, opID, token, string(provider.TruthRejected), why, n.or(why))
-		default:
-			op, err = c.store.HandOver(ctx, tx, opID, token, unknownCause(res), n.actor)
-		}
-		if err != nil {
-			return err
-		}
-		return hooks.RunFinish(ctx, tx, op, nil)
-	})
-	if err != nil {
-		return Operation{}, err
-	}
-	return op, nil
-}
-
-func (c *Canceller) crash(ctx context.Context, at CrashPoint) {
-	if c.Crash != nil {
-		c.Crash(ctx, at)
-	}
-}
-
-// unknownCause says in a few words why an outcome is unknown.
-func unknownCause(res provider.Result) string {
-	switch {
-	case res.Truth == provider.TruthRunning:
-		return "the provider accepted the request and is still running it"
-	case errors.Is(res.Err, context.DeadlineExceeded):
-		return "the provider did not answer in time"
-	case res.Err != nil:
-		return fmt.Sprintf("no usable answer from the provider: %v", res.Err)
-	default:
-		return "no answer from the provider"
-	}
-}
-
-// or returns n with detail set to def when n has none.
-func (n note) or(def string) note {
-	if n.detail == "" {
-		n.detail = def
-	}
-	return n
+	return op, false, nil
 }

@@ -12,10 +12,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/payments"
+	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/testdb"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
@@ -31,8 +36,12 @@ const (
 type bundle struct {
 	db        *testdb.DB
 	store     *policies.Store
+	engine    *workflow.Engine
 	fake      *fake.Provider
+	payments  *paymentsfake.Payments
+	payURL    string
 	canceller *policies.Canceller
+	url       string // the fake provider's
 	alice     int64
 	policyIDs []int64 // alice's
 }
@@ -52,10 +61,18 @@ func setupWithTimeout(t *testing.T, providerTimeout time.Duration) *bundle {
 	b := &bundle{db: db, store: policies.NewStore(db.Pool)}
 	b.fake = fake.New(db.Pool, fake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	srv := httptest.NewServer(b.fake.Handler())
+	b.url = srv.URL
 	t.Cleanup(func() { b.fake.Close(); srv.Close() })
 	client := provider.NewHTTPClient(srv.URL, providerTimeout)
 	t.Cleanup(client.CloseIdleConnections)
-	b.canceller = policies.NewCanceller(db.Pool, client, 30*time.Second)
+	b.payments = paymentsfake.New(db.Pool, paymentsfake.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	paySrv := httptest.NewServer(b.payments.Handler())
+	t.Cleanup(func() { b.payments.Close(); paySrv.Close() })
+	b.payURL = paySrv.URL
+	pay := payments.NewHTTPClient(paySrv.URL, patient)
+	t.Cleanup(pay.CloseIdleConnections)
+	b.engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second})
+	b.canceller = policies.NewCanceller(b.engine, client, pay)
 
 	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.alice); err != nil {
 		t.Fatal(err)
@@ -80,11 +97,23 @@ func (b *bundle) setMode(t *testing.T, mode fake.Mode) {
 	}
 }
 
-func (b *bundle) cancel(t *testing.T, policyID int64, key string) (policies.Operation, error) {
+func (b *bundle) cancel(t *testing.T, policyID int64, key string) (workflow.Operation, error) {
 	t.Helper()
 	return b.canceller.Cancel(context.Background(), policies.CancelRequest{
 		UserID: b.alice, PolicyID: policyID, RequestKey: key, Reason: "moving abroad", Actor: "test " + key,
-	}, workflow.Hooks[policies.Operation]{})
+	}, workflow.Hooks[workflow.Operation]{})
+}
+
+// state is the state of op's step called name.
+func state(op workflow.Operation, name string) string {
+	s, _ := op.Step(name)
+	return s.State
+}
+
+// providerKey is the key op's provider call carries.
+func providerKey(op workflow.Operation) string {
+	s, _ := op.Step(policies.StepProviderCancel)
+	return s.Key
 }
 
 func (b *bundle) effects(t *testing.T, policyID int64) int {
@@ -121,17 +150,17 @@ func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
 		truth        provider.Truth
 		step         string
 	}{
-		{fake.ModeOK, policies.OpSucceeded, policies.StatusCancelled, 1, provider.TruthCompleted, policies.StepDone},
-		{fake.ModeReject, policies.OpFailed, policies.StatusActive, 0, provider.TruthRejected, policies.StepFailed},
-		{fake.ModeError, policies.OpInProgress, policies.StatusActive, 0, provider.TruthNotStarted, policies.StepUnknown},
-		{fake.ModeDrop, policies.OpInProgress, policies.StatusActive, 0, provider.TruthNotStarted, policies.StepUnknown},
-		{fake.ModeLostResponse, policies.OpInProgress, policies.StatusActive, 1, provider.TruthCompleted, policies.StepUnknown},
-		{fake.ModeSlow, policies.OpInProgress, policies.StatusActive, 1, provider.TruthRunning, policies.StepUnknown},
+		{fake.ModeOK, workflow.StatusSucceeded, policies.StatusCancelled, 1, provider.TruthCompleted, workflow.StepDone},
+		{fake.ModeReject, workflow.StatusFailed, policies.StatusActive, 0, provider.TruthRejected, workflow.StepFailed},
+		{fake.ModeError, workflow.StatusInProgress, policies.StatusActive, 0, provider.TruthNotStarted, workflow.StepUnknown},
+		{fake.ModeDrop, workflow.StatusInProgress, policies.StatusActive, 0, provider.TruthNotStarted, workflow.StepUnknown},
+		{fake.ModeLostResponse, workflow.StatusInProgress, policies.StatusActive, 1, provider.TruthCompleted, workflow.StepUnknown},
+		{fake.ModeSlow, workflow.StatusInProgress, policies.StatusActive, 1, provider.TruthRunning, workflow.StepUnknown},
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			t.Parallel()
 			timeout := patient
-			if tc.status == policies.OpInProgress && tc.mode != fake.ModeError {
+			if tc.status == workflow.StatusInProgress && tc.mode != fake.ModeError {
 				timeout = impatient // the provider holds the call until we give up
 			}
 			b := setupWithTimeout(t, timeout)
@@ -141,7 +170,7 @@ func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Cancel: %v", err)
 			}
-			if op.Status != tc.status || op.Steps[policies.StepProviderCancel] != tc.step {
+			if op.Status != tc.status || state(op, policies.StepProviderCancel) != tc.step {
 				t.Fatalf("operation %s, steps %v; want %s, provider_cancel %s", op.Status, op.Steps, tc.status, tc.step)
 			}
 			if got := b.policyStatus(t, pid); got != tc.policyStatus {
@@ -150,22 +179,24 @@ func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
 			if got := b.effects(t, pid); got != tc.effects {
 				t.Errorf("provider effects %d, want %d", got, tc.effects)
 			}
-			truth, err := b.fake.Truth(context.Background(), op.ProviderKey)
+			truth, err := b.fake.Truth(context.Background(), providerKey(op))
 			if err != nil || truth != tc.truth {
 				t.Errorf("provider truth %s (%v), want %s", truth, err, tc.truth)
 			}
-			if op.Status == policies.OpInProgress {
+			if op.Status == workflow.StatusInProgress {
 				// Handed over: the lease is already over, so recovery claims it at once.
 				if op.LeaseExpiresAt == nil || op.LeaseExpiresAt.After(time.Now().Add(time.Second)) || op.LastError == nil {
 					t.Errorf("unknown outcome not handed over: lease %v, last_error %v", op.LeaseExpiresAt, op.LastError)
 				}
 			}
-			events, err := b.store.Timeline(context.Background(), op.ID)
-			if err != nil || len(events) != 2 || events[0].ToStatus != policies.OpInProgress || events[1].ToStatus != tc.status {
+			events, err := b.engine.Timeline(context.Background(), op.ID)
+			if err != nil || len(events) < 3 || events[0].ToStatus != workflow.StatusInProgress || events[len(events)-1].ToStatus != tc.status {
 				t.Fatalf("timeline %+v, %v", events, err)
 			}
-			if events[1].Statement == "" || events[1].OwnerToken == nil || *events[1].OwnerToken != *op.OwnerToken {
-				t.Errorf("event lacks its statement or owner: %+v", events[1])
+			for _, e := range events {
+				if e.Statement == "" || e.OwnerToken == nil || *e.OwnerToken != *op.OwnerToken {
+					t.Errorf("event lacks its statement or owner: %+v", e)
+				}
 			}
 		})
 	}
@@ -177,15 +208,15 @@ func TestARefusedCancellationCanBeStartedAgain(t *testing.T) {
 	pid := b.policyIDs[1]
 	b.setMode(t, fake.ModeReject)
 	first, err := b.cancel(t, pid, "k1")
-	if err != nil || first.Status != policies.OpFailed {
+	if err != nil || first.Status != workflow.StatusFailed {
 		t.Fatalf("first: %+v %v", first, err)
 	}
 	b.setMode(t, fake.ModeOK)
 	second, err := b.cancel(t, pid, "k2")
-	if err != nil || second.Status != policies.OpSucceeded {
+	if err != nil || second.Status != workflow.StatusSucceeded {
 		t.Fatalf("second: %+v %v", second, err)
 	}
-	if second.ID != first.ID || second.Run != 2 || second.ProviderKey == first.ProviderKey {
+	if second.ID != first.ID || second.Run != 2 || providerKey(second) == providerKey(first) {
 		t.Fatalf("restart should reuse the row with a new run and provider key: first %+v second %+v", first, second)
 	}
 	if _, err := b.cancel(t, pid, "k3"); !errors.Is(err, policies.ErrDuplicateIntent) {
@@ -207,7 +238,7 @@ func TestUnknownAndForeignPoliciesAreNotFound(t *testing.T) {
 		}
 	}
 	var n int
-	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM policy_operations`).Scan(&n)
+	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM operations`).Scan(&n)
 	if n != 0 {
 		t.Fatalf("%d operations written", n)
 	}
@@ -250,7 +281,7 @@ func TestConcurrentCancellationsWithDifferentKeysMakeOneOperation(t *testing.T) 
 		t.Fatalf("succeeded %d, duplicate %d, other %v", succeeded, duplicate, other)
 	}
 	var ops int
-	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM policy_operations WHERE policy_id = $1`, pid).Scan(&ops)
+	b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE policy_id = $1`, pid).Scan(&ops)
 	if ops != 1 || b.effects(t, pid) != 1 {
 		t.Fatalf("operations %d, effects %d", ops, b.effects(t, pid))
 	}
@@ -258,33 +289,47 @@ func TestConcurrentCancellationsWithDifferentKeysMakeOneOperation(t *testing.T) 
 
 // A request whose operation was taken over while it called the provider
 // cannot record anything: its late write is fenced off and rolls back,
-// including the answer it wanted to store with it.
+// including the answer it wanted to store with it — and the refusal is
+// counted on the timeline.
 func TestALateOwnerIsFencedOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
 	pid := b.policyIDs[3]
-	var op policies.Operation
-	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		var err error
-		op, err = b.store.StartCancellation(ctx, tx, b.alice, pid, "k", "", policies.Owner{ID: "request A", Lease: time.Second})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Someone else takes over: a new owner token.
-	if _, err := b.db.Pool.Exec(ctx, `UPDATE policy_operations SET owner_token = gen_random_uuid(), status = 'RECOVERING' WHERE id = $1`, op.ID); err != nil {
+	f := fake.DefaultFault()
+	f.Mode, f.SlowMS = fake.ModeSlow, 1500 // the provider holds the request's call for 1.5 s, then confirms
+	if _, err := b.fake.SetFaults(ctx, f); err != nil {
 		t.Fatal(err)
 	}
 	finishRan := false
-	_, err = b.canceller.Record(ctx, op.ID, *op.OwnerToken, "request A", provider.Result{Outcome: provider.Confirmed}, workflow.Hooks[policies.Operation]{
-		Finish: func(context.Context, pgx.Tx, policies.Operation, error) error {
-			finishRan = true
-			return nil
-		}})
-	if !errors.Is(err, policies.ErrLeaseLost) {
-		t.Fatalf("late Record: %v, want ErrLeaseLost", err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "request A"},
+			workflow.Hooks[workflow.Operation]{Finish: func(context.Context, pgx.Tx, workflow.Operation, error) error {
+				finishRan = true
+				return nil
+			}})
+		done <- err
+	}()
+	// While A waits for the provider, recovery on another instance sees
+	// A's lease as over (the clock moved past it) and takes the operation.
+	var claimed []recovery.Claim
+	deadline := time.Now().Add(5 * time.Second)
+	for len(claimed) == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		b.engine.Clock().Set(time.Now().Add(time.Hour))
+		var err error
+		claimed, err = b.engine.ClaimStale(ctx, recovery.ClaimRequest{Strategy: recovery.SkipLocked, Actor: "recovery on app-2", Lease: time.Minute, Limit: 1})
+		b.engine.Clock().Reset()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(claimed) != 1 || claimed[0].Reason == "" {
+		t.Fatalf("claims %+v", claimed)
+	}
+	if err := <-done; !errors.Is(err, workflow.ErrLeaseLost) {
+		t.Fatalf("the late owner's Cancel: %v, want ErrLeaseLost", err)
 	}
 	if finishRan {
 		t.Error("the answer was stored although the outcome was not")
@@ -292,26 +337,34 @@ func TestALateOwnerIsFencedOff(t *testing.T) {
 	if got := b.policyStatus(t, pid); got != policies.StatusActive {
 		t.Errorf("policy %s after a fenced write", got)
 	}
-	events, _ := b.store.Timeline(ctx, op.ID)
-	if len(events) != 1 {
-		t.Errorf("fenced write left events: %+v", events)
+	op, err := b.engine.OperationOf(ctx, policies.OperationCancel, pid)
+	if err != nil || op.Status != workflow.StatusRecovering || state(op, policies.StepProviderCancel) != workflow.StepSent {
+		t.Fatalf("after the fenced write: %+v %v", op, err)
+	}
+	events, _ := b.engine.Timeline(ctx, op.ID)
+	last := events[len(events)-1]
+	if last.Branch == nil || *last.Branch != workflow.BranchFenced || last.Actor != "request A" {
+		t.Errorf("the refusal is not on the timeline: %+v", last)
 	}
 }
 
-// Finish runs inside the outcome's transaction: when it fails, the outcome
-// is not recorded either.
+// Finish runs inside the last outcome's transaction: when it fails, that
+// outcome is not recorded either.
 func TestFinishFailingRollsTheOutcomeBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pid := b.policyIDs[4]
 	boom := errors.New("boom")
 	_, err := b.canceller.Cancel(context.Background(), policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "t"},
-		workflow.Hooks[policies.Operation]{Finish: func(context.Context, pgx.Tx, policies.Operation, error) error { return boom }})
+		workflow.Hooks[workflow.Operation]{Finish: func(context.Context, pgx.Tx, workflow.Operation, error) error { return boom }})
 	if !errors.Is(err, boom) {
 		t.Fatalf("Cancel: %v", err)
 	}
-	op, err := b.store.OperationForPolicy(context.Background(), pid)
-	if err != nil || op.Status != policies.OpInProgress || b.policyStatus(t, pid) != policies.StatusActive {
+	// Finish runs in the last transaction (the refund's outcome): that one
+	// rolled back; the ones before it stand, recovery finishes the rest.
+	op, err := b.engine.OperationOf(context.Background(), policies.OperationCancel, pid)
+	if err != nil || op.Status != workflow.StatusInProgress || state(op, policies.StepRefund) != workflow.StepSent ||
+		state(op, policies.StepAudit) != workflow.StepPending || b.policyStatus(t, pid) != policies.StatusCancelled {
 		t.Fatalf("after a failed finish: %+v %v, policy %s", op, err, b.policyStatus(t, pid))
 	}
 }
@@ -324,29 +377,36 @@ func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	pid := b.policyIDs[0]
-	var started policies.Operation
-	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		var err error
-		started, err = b.store.StartCancellation(ctx, tx, b.alice, pid, "key-k", "", policies.Owner{ID: "request that died", Lease: time.Minute})
-		return err
-	})
-	if err != nil {
+	sw := crash.New(policies.CrashPoints, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := sw.Arm(crash.Setting{At: "after_claim", Mode: crash.Abandon, Once: true}); err != nil {
 		t.Fatal(err)
 	}
-	var answered policies.Operation
+	engine := workflow.NewEngine(b.db.Pool, workflow.Config{Lease: time.Minute, Crash: sw})
+	dying := policies.NewCanceller(engine, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+	func() {
+		defer func() { recover() }() // the crash point abandons the request
+		dying.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "key-k", Actor: "request that died"},
+			workflow.Hooks[workflow.Operation]{})
+		t.Fatal("the crash point did not fire")
+	}()
+	started, err := b.engine.OperationOf(ctx, policies.OperationCancel, pid)
+	if err != nil || state(started, policies.StepProviderCancel) != workflow.StepSent {
+		t.Fatalf("after the crash: %+v %v", started, err)
+	}
+	var answered workflow.Operation
 	op, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "key-k", Actor: "retry"},
-		workflow.Hooks[policies.Operation]{Finish: func(_ context.Context, _ pgx.Tx, op policies.Operation, _ error) error { answered = op; return nil }})
+		workflow.Hooks[workflow.Operation]{Finish: func(_ context.Context, _ pgx.Tx, op workflow.Operation, _ error) error { answered = op; return nil }})
 	if err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	if op.ID != started.ID || op.Status != policies.OpInProgress || answered.ID != op.ID {
+	if op.ID != started.ID || op.Status != workflow.StatusInProgress || answered.ID != op.ID {
 		t.Fatalf("retry got %+v (answered %+v)", op, answered)
 	}
 	if n := b.effects(t, pid); n != 0 {
 		t.Fatalf("the retry called the provider: %d effects", n)
 	}
-	events, _ := b.store.Timeline(ctx, op.ID)
-	if len(events) != 2 || events[1].Actor != "retry" {
+	events, _ := b.engine.Timeline(ctx, op.ID)
+	if last := events[len(events)-1]; last.Actor != "retry" {
 		t.Fatalf("timeline %+v", events)
 	}
 	// Another key is still a duplicate intent.
@@ -363,12 +423,12 @@ type txTracer struct {
 	finishes      int
 }
 
-func (tr *txTracer) hooks() workflow.Hooks[policies.Operation] {
-	return workflow.Hooks[policies.Operation]{
+func (tr *txTracer) hooks() workflow.Hooks[workflow.Operation] {
+	return workflow.Hooks[workflow.Operation]{
 		Begin: func(ctx context.Context, tx pgx.Tx) error {
 			return tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&tr.begin)
 		},
-		Finish: func(ctx context.Context, tx pgx.Tx, _ policies.Operation, refusal error) error {
+		Finish: func(ctx context.Context, tx pgx.Tx, _ workflow.Operation, refusal error) error {
 			tr.finishes++
 			tr.refusal = refusal
 			return tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&tr.finish)
@@ -392,7 +452,7 @@ func TestHooksRefusalsCommitWithTheClaimOutcomesWithTheirRecord(t *testing.T) {
 		}
 		return st == "committed"
 	}
-	cancel := func(pid int64, key string, tr *txTracer) (policies.Operation, error) {
+	cancel := func(pid int64, key string, tr *txTracer) (workflow.Operation, error) {
 		return b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: key, Actor: "t"}, tr.hooks())
 	}
 
@@ -424,11 +484,102 @@ func TestHooksRefusalsCommitWithTheClaimOutcomesWithTheirRecord(t *testing.T) {
 	// Begin failing ends the workflow with nothing written.
 	boom := errors.New("boom")
 	_, err := b.canceller.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: b.policyIDs[1], RequestKey: "k", Actor: "t"},
-		workflow.Hooks[policies.Operation]{Begin: func(context.Context, pgx.Tx) error { return boom }})
+		workflow.Hooks[workflow.Operation]{Begin: func(context.Context, pgx.Tx) error { return boom }})
 	if !errors.Is(err, boom) {
 		t.Fatalf("Begin failing: %v", err)
 	}
-	if _, err := b.store.OperationForPolicy(ctx, b.policyIDs[1]); !errors.Is(err, policies.ErrOperationNotFound) {
+	if _, err := b.engine.OperationOf(ctx, policies.OperationCancel, b.policyIDs[1]); !errors.Is(err, workflow.ErrNotFound) {
 		t.Fatalf("Begin failed, yet an operation exists: %v", err)
+	}
+}
+
+// A step's key is derived from the operation and the step, so it is the
+// same on every retry (the request's call, then recovery's after
+// NOT_STARTED), after a crash, after a restart of the process (a new
+// engine, pool and clients), and when the recovery loop makes the call
+// instead of the request: every call row, and each system's record, carry it.
+func TestStepKeysAreTheSameWhoeverMakesTheCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	// A: the provider answers the request's call with a 503 (nothing
+	// applied): the request hands over.
+	retried := b.policyIDs[2]
+	f := fake.DefaultFault()
+	f.Mode, f.Next = fake.ModeError, 1
+	if _, err := b.fake.SetFaults(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	if op, err := b.cancel(t, retried, "request-a"); err != nil || state(op, policies.StepProviderCancel) != workflow.StepUnknown {
+		t.Fatalf("A: %+v %v", op, err)
+	}
+	// B: the request dies after committing the refund's SENT, before the call.
+	crashed := b.policyIDs[3]
+	sw := crash.New(policies.CrashPoints, quiet)
+	if err := sw.Arm(crash.Setting{At: "before_refund", Mode: crash.Abandon, Once: true}); err != nil {
+		t.Fatal(err)
+	}
+	dying := policies.NewCanceller(workflow.NewEngine(b.db.Pool, workflow.Config{Lease: time.Minute, Crash: sw}),
+		provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+	func() {
+		defer func() { recover() }() // the crash point abandons the request
+		dying.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: crashed, RequestKey: "request-b", Actor: "request B"},
+			workflow.Hooks[workflow.Operation]{})
+		t.Fatal("the crash point did not fire")
+	}()
+
+	// "Restart": another engine, pool and clients, as a new process has; its
+	// recovery loop makes every call that is left.
+	pool, err := database.Open(ctx, b.db.URL, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	restarted := workflow.NewEngine(pool, workflow.Config{})
+	policies.NewCanceller(restarted, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+	cfg := recovery.DefaultConfig()
+	cfg.ClockSkew, cfg.Logger = 0, quiet
+	loop := recovery.New(restarted, cfg)
+	loop.Register(policies.OperationCancel, restarted)
+	restarted.Clock().Set(time.Now().Add(time.Minute)) // B's lease (and every deadline) is over
+	for range 10 {
+		if _, err := loop.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, pid := range []int64{retried, crashed} {
+		op, err := b.engine.OperationOf(ctx, policies.OperationCancel, pid)
+		if err != nil || op.Status != workflow.StatusSucceeded {
+			t.Fatalf("policy %d after recovery: %+v %v", pid, op, err)
+		}
+		for _, step := range []string{policies.StepProviderCancel, policies.StepRefund} {
+			want := workflow.StepKey(op.ID, step, 1)
+			rec, _ := op.Step(step)
+			var calls int
+			var keys []string
+			rows, _ := b.db.Pool.Query(ctx, `
+				SELECT DISTINCT step_key FROM operation_calls WHERE operation_id = $1 AND step_key LIKE '%:' || $2`, op.ID, step)
+			keys, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+			b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_calls WHERE step_key = $1 AND kind = 'call'`, want).Scan(&calls)
+			if rec.Key != want || len(keys) != 1 || keys[0] != want {
+				t.Errorf("policy %d %s: key %s, calls under %v; want %s", pid, step, rec.Key, keys, want)
+			}
+			// Two calls recorded where a second attempt was made: A's provider
+			// call, and B's refund (recorded SENT by the request that died
+			// before sending it, then sent by recovery).
+			second := (pid == retried && step == policies.StepProviderCancel) || (pid == crashed && step == policies.StepRefund)
+			if wantCalls := map[bool]int{true: 2, false: 1}[second]; calls != wantCalls {
+				t.Errorf("policy %d %s: %d calls, want %d", pid, step, calls, wantCalls)
+			}
+		}
+		var atProvider, atPayments string
+		b.db.Pool.QueryRow(ctx, `SELECT string_agg(idempotency_key, ',') FROM fake_provider.requests WHERE policy_id = $1`, pid).Scan(&atProvider)
+		b.db.Pool.QueryRow(ctx, `SELECT string_agg(idempotency_key, ',') FROM fake_payments.refunds WHERE policy_id = $1`, pid).Scan(&atPayments)
+		if atProvider != workflow.StepKey(op.ID, policies.StepProviderCancel, 1) || atPayments != workflow.StepKey(op.ID, policies.StepRefund, 1) {
+			t.Errorf("policy %d: the provider saw %q, payments %q", pid, atProvider, atPayments)
+		}
 	}
 }

@@ -1,5 +1,3 @@
-// Package policies owns insurance policies and (from the cancellation
-// workflow on) everything that happens to them.
 package policies
 
 import (
@@ -24,25 +22,32 @@ const (
 var ErrNotFound = errors.New("policies: not found")
 
 // Policy is one insurance policy. Premium is kept as the exact decimal text
-// PostgreSQL holds (money never passes through a float).
+// PostgreSQL holds (money never passes through a float); the coverage
+// dates are days (YYYY-MM-DD), the period the premium pays for.
 type Policy struct {
-	ID        int64     `json:"id"`
-	UserID    int64     `json:"user_id"`
-	Number    string    `json:"number"`
-	Holder    string    `json:"holder"`
-	Premium   string    `json:"premium"`
-	Status    string    `json:"status"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	ID            int64     `json:"id"`
+	UserID        int64     `json:"user_id"`
+	Number        string    `json:"number"`
+	Holder        string    `json:"holder"`
+	Premium       string    `json:"premium"`
+	Status        string    `json:"status"`
+	CoverageStart string    `json:"coverage_start"`
+	CoverageEnd   string    `json:"coverage_end"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
-// Store reads and writes policies.
+// Store reads policies, for the pages and the API. (The cancellation writes
+// them, in its own steps: cancel.go.)
 type Store struct {
 	db database.DBTX
 }
 
 // NewStore returns a Store over db.
 func NewStore(db database.DBTX) *Store { return &Store{db: db} }
+
+const policyColumns = `id, user_id, number, holder, premium::text, status, coverage_start::text, coverage_end::text,
+	created_at, updated_at`
 
 // ListFilter narrows List. Status "" means any; AfterID is the cursor: only
 // policies with a larger id are returned.
@@ -56,7 +61,7 @@ type ListFilter struct {
 // List returns the user's policies in id order, at most f.Limit of them.
 func (s *Store) List(ctx context.Context, f ListFilter) ([]Policy, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, user_id, number, holder, premium::text, status, created_at, updated_at
+		SELECT `+policyColumns+`
 		  FROM policies
 		 WHERE user_id = $1
 		   AND ($2 = '' OR status = $2)
@@ -77,7 +82,7 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]Policy, error) {
 // belongs to someone else.
 func (s *Store) Get(ctx context.Context, userID, id int64) (Policy, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, user_id, number, holder, premium::text, status, created_at, updated_at
+		SELECT `+policyColumns+`
 		  FROM policies
 		 WHERE id = $1
 		   AND user_id = $2 -- ownership is part of the lookup, not a check after it`, id, userID)

@@ -12,28 +12,46 @@
 //	     │                                    ▼
 //	     │ request finished           claim (new owner token, new lease)
 //	     ▼                                    │
-//	SUCCEEDED | FAILED          ┌──────── RECOVERING ◄───────────────┐
-//	                            │   poll: renew lease (fenced), wait │
-//	                            │         └──────────────────────────┘
-//	                            ├─ provider COMPLETED ─────► SUCCEEDED
-//	                            ├─ provider REJECTED ──────► FAILED
-//	                            ├─ NOT_STARTED / still unknown + idempotent:
-//	                            │     same call, same key ─► SUCCEEDED | FAILED | backoff
+//	SUCCEEDED | FAILED          ┌──────── RECOVERING ◄───────────────┐   resume at the first
+//	                            │   poll: renew lease (fenced), wait │   step not DONE; for an
+//	                            │         └──────────────────────────┘   external step, ask:
+//	                            ├─ COMPLETED ─────────► step DONE, run on ─► SUCCEEDED
+//	                            ├─ REJECTED ──────────► FAILED (or a person, after a step that stands)
+//	                            ├─ NOT_STARTED, every deadline + skew passed:
+//	                            │     same call, same key ─► run on | backoff
+//	                            ├─ NOT_STARTED, a call may still arrive: wait for its deadline
+//	                            ├─ unreachable + believed idempotent: same call, same key
 //	                            ├─ backoff: attempts+1, next_attempt_at, lease released
 //	                            │     └─ claimed again when due (back to RECOVERING)
-//	                            └─ still unknown + not idempotent, or out of attempts
-//	                                                   ───► NEEDS_RECONCILIATION
-//	                                                          │ a person decides
-//	                                                          ▼ SUCCEEDED | FAILED | IN_PROGRESS (retry)
+//	                            └─ out of attempts, right after a status query
+//	                               that could not settle it ───► NEEDS_RECONCILIATION
+//	                                                  │ asked again when due: known → RECOVERING
+//	                                                  │ a person decides
+//	                                                  ▼ SUCCEEDED | FAILED | IN_PROGRESS (retry)
 //
 // # Where the claim lives
 //
-// The loop knows no table. A Claimer claims stale operations of one table
-// and keeps its SQL next to that table's other statements: for
-// policy_operations that is policies.Recovery (internal/policies/claim.go),
-// which is also the cancellation's Recoverer (recover.go). A later workflow
-// with its own table brings its own claimer; the loop, the budget and the
-// metrics stay as they are. Operation types are dispatched by Register.
+// The loop knows no table. One Claimer claims the stale operations of every
+// kind from the one operations table and keeps its SQL next to that table's
+// other statements: workflow.Engine (internal/workflow/claim.go), which is
+// also the Recoverer of every workflow registered with it (recover.go).
+// The loop dispatches each claim by its operation type (Register), so a
+// deploy that does not know a type leaves its operations alone.
+//
+// # A pass does not wait
+//
+// A pass claims as many operations as there are free places (Config.BatchSize
+// minus those being recovered) and starts recovering each; it does not wait
+// for them. A recovery that polls a system saying RUNNING for seconds never
+// holds back the claim of an operation handed over a moment later: that one
+// is claimed at the next pass, within about one Interval.
+//
+// # Why an operation was claimable
+//
+// Each claim says why (Claim.Reason, and the timeline): handed over on
+// purpose (its owner met an unknown outcome and ended its lease), its
+// backoff over, its owner's lease run out (the owner looks dead), or —
+// for an operation waiting for a person — due to be asked again.
 //
 // # Two claim strategies
 //
@@ -57,8 +75,11 @@
 //  3. A finished operation (SUCCEEDED, FAILED) is never overwritten: every
 //     fenced write also requires status IN ('IN_PROGRESS', 'RECOVERING').
 //  4. Recovery asks before it acts: the call is sent again only when the
-//     provider has no record of it (NOT_STARTED), or when it is idempotent.
-//     A call to a provider that is not idempotent is never repeated blindly.
+//     system has no record of it (NOT_STARTED) once every earlier attempt's
+//     deadline plus Budget.ClockSkew has passed, or when the app believes the
+//     system idempotent. A call to a system that is not is never repeated
+//     blindly; unreachable, it is asked again later, and a person decides
+//     only after a last status query that could not settle it.
 //  5. Every claim and every decision writes a timeline event, in the same
 //     transaction, naming the worker and the branch of the decision tree.
 //  6. Bounded: with faults off, a stale operation is finished within about
@@ -66,6 +87,7 @@
 //     unknown outcomes back off and end in reconciliation after
 //     MaxAttempts.
 //
-// Time comes from the database clock. Tests move it (SetNow in
-// export_test.go) rather than sleep.
+// Time comes from the database clock (database.Clock, the engine's). Tests
+// move it rather than sleep. Config has the one set of defaults and the
+// validation of every RECOVERY_* setting (config.go).
 package recovery

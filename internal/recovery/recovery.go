@@ -41,10 +41,6 @@ type ClaimRequest struct {
 	// another worker may take it (it renews while it works).
 	Lease time.Duration
 	Limit int
-	// Now, when set, replaces the database clock in the staleness test, so
-	// tests can move time instead of sleeping. The new lease is always
-	// measured from the database clock.
-	Now *time.Time
 }
 
 // Claim is one operation this worker now owns.
@@ -55,21 +51,31 @@ type Claim struct {
 	// AND owner_token = Token, so a worker whose lease lapsed writes nothing.
 	Token string
 	// From is the status the operation was claimed from.
-	From  string
-	Actor string
+	From string
+	// Reason says why it was claimable, for the timeline and the logs:
+	// handed over on purpose, its backoff over, its owner's lease run out,
+	// due to be asked again while waiting for a person.
+	Reason string
+	Actor  string
+	// SeenUpdatedAt is the operation's updated_at when claimed. A claim of
+	// an operation waiting for a person takes no ownership (Token is
+	// empty): acting on it is conditional on this being unchanged.
+	SeenUpdatedAt time.Time
 }
 
-// Claimer finds and claims the stale operations of one table. It lives
-// with the table's SQL (policies.Store for policy_operations); this
-// package stays free of any table.
+// Claimer finds and claims the stale operations of every workflow. It
+// lives with the operations table's SQL (workflow.Engine); this package
+// stays free of any table.
 type Claimer interface {
 	// ClaimStale claims up to req.Limit operations that are IN_PROGRESS or
 	// RECOVERING, whose lease has expired and whose next attempt is due,
-	// and records a timeline event for each claim in the same transaction.
+	// recording a timeline event for each claim in the same transaction;
+	// then, within the limit, operations waiting for a person that are due
+	// to be asked again.
 	ClaimStale(ctx context.Context, req ClaimRequest) ([]Claim, error)
 	// StaleAge is how long the oldest claimable operation has been
 	// claimable (0 when none is): the recovery lag.
-	StaleAge(ctx context.Context, now *time.Time) (time.Duration, error)
+	StaleAge(ctx context.Context) (time.Duration, error)
 }
 
 // Recoverer finishes one claimed operation of its type by finding out what
@@ -88,24 +94,26 @@ const (
 	OutcomeReconcile Outcome = "needs_reconciliation" // a person must decide
 	OutcomeBackedOff Outcome = "backed_off"           // unknown still: tried again after a backoff
 	OutcomeFenced    Outcome = "fenced"               // lease lost mid-way: another worker owns it; nothing written
+	OutcomeReasked   Outcome = "reasked"              // waiting for a person, asked again: still not known
 )
 
 // Outcomes lists them, for metrics and pages.
-var Outcomes = []Outcome{OutcomeSucceeded, OutcomeFailed, OutcomeReconcile, OutcomeBackedOff, OutcomeFenced}
+var Outcomes = []Outcome{OutcomeSucceeded, OutcomeFailed, OutcomeReconcile, OutcomeBackedOff, OutcomeFenced, OutcomeReasked}
 
 // Result is what a Recoverer reports about one claim.
 type Result struct {
 	Outcome Outcome
 	// Branch is the decision-tree branch taken ("completed",
-	// "not_started_retry", "running_poll_retry", …), as recorded on the
-	// operation's timeline.
+	// "not_started", "poll", …), as recorded on the operation's timeline.
 	Branch string
 	// Polls counts the status queries made while polling.
 	Polls int
 }
 
 // Budget bounds what a recoverer may do with one claim. The loop passes the
-// same budget to every recoverer, from RECOVERY_* settings.
+// same budget to every recoverer, from its Config. What the app believes
+// about each system's idempotency is not here: it is one setting per system
+// in the database, read at the moment of each decision (workflow.Belief).
 type Budget struct {
 	// Lease is the claimer's lease; renewed (fenced) before every wait.
 	Lease time.Duration
@@ -114,18 +122,20 @@ type Budget struct {
 	// them, doubling after each.
 	MaxPolls     int
 	PollInterval time.Duration
-	// MaxAttempts bounds recovery attempts; the next one after that goes
-	// to reconciliation instead. Backoff is the wait after the first
-	// attempt, doubling up to MaxBackoff.
+	// MaxAttempts bounds recovery attempts (the request's own counts);
+	// once they are used, the next status query that cannot settle the
+	// outcome hands the operation to a person. Backoff is the wait after
+	// the first attempt, doubling up to MaxBackoff.
 	MaxAttempts int
 	Backoff     time.Duration
 	MaxBackoff  time.Duration
-	// RetryUnknown says the remote call is idempotent (a repeat with the
-	// same key applies nothing new), so a call whose outcome is still
-	// unknown after polling may be sent again. When false such an
-	// operation goes to reconciliation: a blind retry could apply the
-	// effect twice.
-	RetryUnknown bool
+	// ClockSkew is the margin by which clocks may disagree: NOT_STARTED is
+	// conclusive only once every earlier attempt's deadline plus ClockSkew
+	// has passed on the database clock.
+	ClockSkew time.Duration
+	// ReaskInterval is how long an operation waiting for a person waits
+	// before its system is asked again, doubling up to MaxBackoff.
+	ReaskInterval time.Duration
 }
 
 // PollWait is the wait before poll n (1-based): PollInterval, doubling.
@@ -146,6 +156,13 @@ func (b Budget) MaxPollTime() time.Duration {
 // have been made: Backoff, doubling, at most MaxBackoff.
 func (b Budget) BackoffAfter(attempts int) time.Duration {
 	return doubling(b.Backoff, attempts-1, b.MaxBackoff)
+}
+
+// ReaskAfter is the wait before the n-th question (1-based) to an
+// operation waiting for a person: ReaskInterval, doubling, at most
+// MaxBackoff (or ReaskInterval when that is larger).
+func (b Budget) ReaskAfter(n int) time.Duration {
+	return doubling(b.ReaskInterval, n-1, max(b.MaxBackoff, b.ReaskInterval))
 }
 
 func doubling(base time.Duration, times int, limit time.Duration) time.Duration {

@@ -6,14 +6,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/payments"
+	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
@@ -32,8 +37,12 @@ type bundle struct {
 	db        *testdb.DB
 	store     *policies.Store
 	fake      *fake.Provider
+	payments  *paymentsfake.Payments
 	url       string
+	payURL    string
 	timeout   time.Duration // the loops' provider timeout: patient, so a loaded test machine does not divert a case into backoff
+	engine    *workflow.Engine
+	crashes   *crash.Switch // the requests' crash switch
 	canceller *policies.Canceller
 	alice     int64
 	policyIDs []int64
@@ -51,7 +60,13 @@ func setup(t *testing.T) *bundle {
 	srv := httptest.NewServer(b.fake.Handler())
 	t.Cleanup(func() { b.fake.Close(); srv.Close() })
 	b.url, b.timeout = srv.URL, 2*time.Second
-	b.canceller = policies.NewCanceller(db.Pool, b.client(t), 30*time.Second)
+	b.payments = paymentsfake.New(db.Pool, paymentsfake.Options{Logger: quiet})
+	paySrv := httptest.NewServer(b.payments.Handler())
+	t.Cleanup(func() { b.payments.Close(); paySrv.Close() })
+	b.payURL = paySrv.URL
+	b.crashes = crash.New(policies.CrashPoints, quiet)
+	b.engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.crashes})
+	b.canceller = policies.NewCanceller(b.engine, b.client(t), b.payClient(t, b.timeout))
 	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.alice); err != nil {
 		t.Fatal(err)
 	}
@@ -65,16 +80,28 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
+func (b *bundle) payClient(t *testing.T, timeout time.Duration) *payments.HTTPClient {
+	c := payments.NewHTTPClient(b.payURL, timeout)
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
 func (b *bundle) client(t *testing.T) *provider.HTTPClient {
 	c := provider.NewHTTPClient(b.url, providerTimeout)
 	t.Cleanup(c.CloseIdleConnections)
 	return c
 }
 
-// loop returns a recovery loop over b's database, as instance name. Each
-// loop gets its own pool, provider client and canceller, as a separate
-// process would.
-func (b *bundle) loop(t *testing.T, name string, cfg recovery.Config) *recovery.Loop {
+// worker is one recovery loop and its engine, as another process has them.
+type worker struct {
+	*recovery.Loop
+	engine *workflow.Engine
+}
+
+// loop returns a recovery loop over b's database, as instance name, with
+// the test's settings (tune changes the defaults). Each loop gets its own
+// pool, provider client and engine, as a separate process would.
+func (b *bundle) loop(t *testing.T, name string, tune func(*recovery.Config)) worker {
 	t.Helper()
 	pool, err := database.Open(context.Background(), b.db.URL, 4) // frugal: the server allows 100 connections for every test running
 	if err != nil {
@@ -83,18 +110,26 @@ func (b *bundle) loop(t *testing.T, name string, cfg recovery.Config) *recovery.
 	t.Cleanup(pool.Close)
 	client := provider.NewHTTPClient(b.url, b.timeout)
 	t.Cleanup(client.CloseIdleConnections)
-	rec := policies.NewRecovery(policies.NewCanceller(pool, client, 30*time.Second))
+	engine := workflow.NewEngine(pool, workflow.Config{Lease: 30 * time.Second, Logger: quiet})
+	policies.NewCanceller(engine, client, b.payClient(t, b.timeout))
+	cfg := recovery.DefaultConfig()
 	cfg.Instance = name
 	cfg.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelError}))
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 100 * time.Millisecond
+	cfg.Lease, cfg.PollInterval, cfg.Backoff, cfg.ClockSkew = 2*time.Second, 100*time.Millisecond, 50*time.Millisecond, 100*time.Millisecond
+	if tune != nil {
+		tune(&cfg)
 	}
-	if cfg.Backoff == 0 {
-		cfg.Backoff = 50 * time.Millisecond
+	l := recovery.New(engine, cfg)
+	l.Register(policies.OperationCancel, engine)
+	return worker{Loop: l, engine: engine}
+}
+
+// believe sets what the app believes about the provider's idempotency.
+func (b *bundle) believe(t *testing.T, idempotent bool) {
+	t.Helper()
+	if _, err := workflow.SetBelief(context.Background(), b.db.Pool, "provider", idempotent, "the test"); err != nil {
+		t.Fatal(err)
 	}
-	l := recovery.New(rec, cfg)
-	l.Register(policies.OperationCancel, rec)
-	return l
 }
 
 type faults struct {
@@ -115,33 +150,42 @@ func (b *bundle) setFaults(t *testing.T, f faults) {
 	}
 }
 
-// crashed is what the Crash hook panics with: the request "died" there.
-type crashed struct{}
+// none is "no crash point": the request runs to its end.
+const none crash.Point = "none"
 
-// cancelCrashingAt runs a real cancellation that dies at point (none: it
-// runs to the end), and returns the operation as the database has it.
-func (b *bundle) cancelCrashingAt(t *testing.T, policyID int64, point policies.CrashPoint) policies.Operation {
+// cancelCrashingAt runs a real cancellation that dies at point if it gets
+// there (none: it runs to the end), and returns the operation as the
+// database has it — ErrNotFound when nothing of it committed.
+func (b *bundle) cancelCrashingAt(t *testing.T, policyID int64, point crash.Point) (workflow.Operation, error) {
 	t.Helper()
 	ctx := context.Background()
-	b.canceller.Crash = func(_ context.Context, at policies.CrashPoint) {
-		if at == point {
-			panic(crashed{})
-		}
+	at := point
+	if at == none {
+		at = ""
+	}
+	if err := b.crashes.Arm(crash.Setting{At: at, Mode: crash.Abandon, Once: true}); err != nil {
+		t.Fatal(err)
 	}
 	func() {
 		defer func() {
-			if r := recover(); r != nil && r != (crashed{}) {
+			if r := recover(); r != nil && r != http.ErrAbortHandler {
 				panic(r)
 			}
 		}()
 		_, err := b.canceller.Cancel(ctx, policies.CancelRequest{
 			UserID: b.alice, PolicyID: policyID, RequestKey: "key-" + string(point), Actor: "request on app-1",
-		}, workflow.Hooks[policies.Operation]{})
+		}, workflow.Hooks[workflow.Operation]{})
 		if err != nil {
 			t.Fatalf("Cancel: %v", err)
 		}
 	}()
-	op, err := b.store.OperationForPolicy(ctx, policyID)
+	b.crashes.Arm(crash.Setting{})
+	return b.engine.OperationOf(ctx, policies.OperationCancel, policyID)
+}
+
+func (b *bundle) operation(t *testing.T, policyID int64) workflow.Operation {
+	t.Helper()
+	op, err := b.engine.OperationOf(context.Background(), policies.OperationCancel, policyID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +193,7 @@ func (b *bundle) cancelCrashingAt(t *testing.T, policyID int64, point policies.C
 }
 
 // settle runs passes of l until every operation is terminal.
-func (b *bundle) settle(t *testing.T, l *recovery.Loop) recovery.Counts {
+func (b *bundle) settle(t *testing.T, l worker) recovery.Counts {
 	t.Helper()
 	var total recovery.Counts
 	for range 30 {
@@ -171,7 +215,7 @@ func (b *bundle) live(t *testing.T) int {
 	t.Helper()
 	var n int
 	if err := b.db.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&n); err != nil {
+		`SELECT count(*) FROM operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -184,6 +228,7 @@ func add(a, c recovery.Counts) recovery.Counts {
 	a.Reconcile += c.Reconcile
 	a.BackedOff += c.BackedOff
 	a.Fenced += c.Fenced
+	a.Reasked += c.Reasked
 	a.Errors += c.Errors
 	a.Polls += c.Polls
 	return a
@@ -203,6 +248,17 @@ func (b *bundle) effects(t *testing.T, policyID int64) int {
 	return 0
 }
 
+// refunds counts the refunds the payments service made for policyID.
+func (b *bundle) refunds(t *testing.T, policyID int64) int {
+	t.Helper()
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM fake_payments.ledger WHERE kind = 'refund' AND policy_id = $1`, policyID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // checkInvariants runs DESIGN.md's invariants (internal/invariants)
 // against the app's tables and the provider's ledger.
 func checkInvariants(t *testing.T, db *testdb.DB) {
@@ -218,102 +274,141 @@ func checkInvariants(t *testing.T, db *testdb.DB) {
 
 // Every provider mode × every crash point of a cancellation ends, after
 // recovery with the faults switched off, in the documented terminal state
-// with at most one provider effect.
+// (docs/cancellation.md) with at most one provider effect — exactly one
+// when it succeeded.
 func TestEveryModeAndCrashPointEndsInItsDocumentedState(t *testing.T) {
 	t.Parallel()
-	const (
-		none        = policies.CrashPoint("none")
-		afterClaim  = policies.CrashAfterClaim
-		afterCall   = policies.CrashAfterProviderCall
-		afterCommit = policies.CrashAfterCommit
-	)
 	type want struct {
 		status  string
 		effects int
 		branch  string // the branch recovery took; "" = nothing to recover
 	}
-	succeededAfterRetry := want{policies.OpSucceeded, 1, policies.BranchNotStarted}
-	for _, tc := range []struct {
-		mode  fake.Mode
-		crash policies.CrashPoint
-		want  want
-	}{
-		{fake.ModeOK, none, want{policies.OpSucceeded, 1, ""}},
-		{fake.ModeOK, afterClaim, succeededAfterRetry},
-		{fake.ModeOK, afterCall, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-		{fake.ModeOK, afterCommit, want{policies.OpSucceeded, 1, ""}},
-
-		{fake.ModeReject, none, want{policies.OpFailed, 0, ""}},
-		{fake.ModeReject, afterClaim, succeededAfterRetry}, // the refusal never happened; the retry meets a healthy provider
-		{fake.ModeReject, afterCall, want{policies.OpFailed, 0, policies.BranchRejected}},
-		{fake.ModeReject, afterCommit, want{policies.OpFailed, 0, ""}},
-
-		{fake.ModeError, none, succeededAfterRetry},
-		{fake.ModeError, afterClaim, succeededAfterRetry},
-		{fake.ModeError, afterCall, succeededAfterRetry},
-		{fake.ModeError, afterCommit, succeededAfterRetry},
-
-		{fake.ModeDrop, none, succeededAfterRetry},
-		{fake.ModeDrop, afterClaim, succeededAfterRetry},
-		{fake.ModeDrop, afterCall, succeededAfterRetry},
-		{fake.ModeDrop, afterCommit, succeededAfterRetry},
-
-		{fake.ModeLostResponse, none, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-		{fake.ModeLostResponse, afterClaim, succeededAfterRetry},
-		{fake.ModeLostResponse, afterCall, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-		{fake.ModeLostResponse, afterCommit, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-
-		{fake.ModeSlow, none, want{policies.OpSucceeded, 1, policies.BranchCompleted}}, // after polling while RUNNING
-		{fake.ModeSlow, afterClaim, succeededAfterRetry},
-		{fake.ModeSlow, afterCall, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-		{fake.ModeSlow, afterCommit, want{policies.OpSucceeded, 1, policies.BranchCompleted}},
-	} {
-		t.Run(fmt.Sprintf("%s/%s", tc.mode, tc.crash), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			pid := b.policyIDs[0]
-			b.setFaults(t, faults{mode: tc.mode, idempotent: true})
-			before := b.cancelCrashingAt(t, pid, tc.crash)
-
-			b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true}) // faults off
-			l := b.loop(t, "app-2", recovery.Config{Lease: 2 * time.Second, MaxPolls: 6})
-			// A crashed request's 30s lease has not run out yet: recovery
-			// leaves the operation alone until it does…
-			// (a handed-over one is claimed at once).
-			first, err := l.RunOnce(context.Background())
-			if err != nil || (before.LeaseExpiresAt.After(time.Now().Add(time.Second)) && first.Claimed != 0) {
-				t.Fatalf("first pass claimed %+v (%v) an operation whose lease was running", first, err)
-			}
-			// …then takes it over (time moved past the lease, not slept).
-			l.SetNow(ptr(time.Now().Add(31 * time.Second)))
-			counts := add(first, b.settle(t, l))
-
-			op, err := b.store.OperationForPolicy(context.Background(), pid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if op.Status != tc.want.status {
-				t.Errorf("status %s, want %s (last error %v)", op.Status, tc.want.status, deref(op.LastError))
-			}
-			if got := b.effects(t, pid); got != tc.want.effects {
-				t.Errorf("provider effects %d, want %d", got, tc.want.effects)
-			}
-			branches := b.branches(t, op.ID)
-			if tc.want.branch == "" && counts.Claimed != 0 {
-				t.Errorf("recovery claimed a finished operation: %+v, branches %v", counts, branches)
-			}
-			if tc.want.branch != "" && (counts.Claimed != 1 || !contains(branches, tc.want.branch)) {
-				t.Errorf("claims %d, branches %v; want one claim and branch %s", counts.Claimed, branches, tc.want.branch)
-			}
-			checkInvariants(t, b.db)
-		})
+	var (
+		succeeded     = want{workflow.StatusSucceeded, 1, ""}
+		failed        = want{workflow.StatusFailed, 0, ""}
+		afterRetry    = want{workflow.StatusSucceeded, 1, workflow.BranchNotStarted}
+		afterAsking   = want{workflow.StatusSucceeded, 1, workflow.BranchCompleted}
+		refusedAsking = want{workflow.StatusFailed, 0, workflow.BranchRejected}
+	)
+	// atTheEnd is how a request that ran to its end leaves each mode.
+	atTheEnd := map[fake.Mode]want{
+		fake.ModeOK: succeeded, fake.ModeReject: failed, fake.ModeError: afterRetry, fake.ModeDrop: afterRetry,
+		fake.ModeLostResponse: afterAsking, fake.ModeSlow: afterAsking,
 	}
+	// afterTheCall is how recovery finds each mode when the request died
+	// after calling, before recording: it asks, and acts on the truth.
+	afterTheCall := map[fake.Mode]want{
+		fake.ModeOK: afterAsking, fake.ModeReject: refusedAsking, fake.ModeError: afterRetry, fake.ModeDrop: afterRetry,
+		fake.ModeLostResponse: afterAsking, fake.ModeSlow: afterAsking,
+	}
+	expect := func(mode fake.Mode, point crash.Point) (want, bool) {
+		switch point {
+		case "after_record_intent":
+			return want{}, false // nothing committed: no operation; the client's retry runs afresh
+		case "before_provider_cancel":
+			return afterRetry, true // the call was never made, whatever the mode would have done
+		case "after_provider_cancel":
+			return afterTheCall[mode], true
+		case "after_mark_cancelled", "after_publish_event":
+			if mode == fake.ModeOK { // reached only once the provider confirmed; the transaction rolled back
+				return afterAsking, true
+			}
+		case "before_refund":
+			if mode == fake.ModeOK { // the policy is cancelled; the refund never sent
+				return afterRetry, true
+			}
+		case "after_refund", "after_audit":
+			if mode == fake.ModeOK { // the refund made, its outcome (and audit) rolled back or never recorded
+				return afterAsking, true
+			}
+		}
+		return atTheEnd[mode], true // none, after_commit, and the points a mode never reaches
+	}
+	for _, mode := range []fake.Mode{fake.ModeOK, fake.ModeReject, fake.ModeError, fake.ModeDrop, fake.ModeLostResponse, fake.ModeSlow} {
+		for _, point := range append([]crash.Point{none}, canonical(policies.CrashPoints)...) {
+			t.Run(fmt.Sprintf("%s/%s", mode, point), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				pid := b.policyIDs[0]
+				b.setFaults(t, faults{mode: mode, idempotent: true})
+				before, err := b.cancelCrashingAt(t, pid, point)
+				w, exists := expect(mode, point)
+				if !exists {
+					if !errors.Is(err, workflow.ErrNotFound) {
+						t.Fatalf("crashed before the first commit, yet: %+v %v", before, err)
+					}
+					// The client retries with the same key: it runs afresh.
+					b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true})
+					op, err := b.canceller.Cancel(context.Background(), policies.CancelRequest{UserID: b.alice, PolicyID: pid,
+						RequestKey: "key-" + string(point), Actor: "the retry"}, workflow.Hooks[workflow.Operation]{})
+					if err != nil || op.Status != workflow.StatusSucceeded || b.effects(t, pid) != 1 {
+						t.Fatalf("retry: %+v %v, effects %d", op, err, b.effects(t, pid))
+					}
+					checkInvariants(t, b.db)
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+
+				b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true}) // faults off
+				l := b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls = 6 })
+				// A crashed request's 30s lease has not run out yet: recovery
+				// leaves the operation alone until it does…
+				// (a handed-over one is claimed at once).
+				first, err := l.RunOnce(context.Background())
+				if err != nil || (before.LeaseExpiresAt.After(time.Now().Add(time.Second)) && first.Claimed != 0) {
+					t.Fatalf("first pass claimed %+v (%v) an operation whose lease was running", first, err)
+				}
+				// …then takes it over (time moved past the lease, not slept).
+				l.engine.Clock().Set(time.Now().Add(31 * time.Second))
+				counts := add(first, b.settle(t, l))
+
+				op := b.operation(t, pid)
+				if op.Status != w.status {
+					t.Errorf("status %s, want %s (last error %v)", op.Status, w.status, deref(op.LastError))
+				}
+				if got := b.effects(t, pid); got != w.effects {
+					t.Errorf("provider effects %d, want %d", got, w.effects)
+				}
+				if got, want := b.refunds(t, pid), w.effects; got != want { // a refund exactly when cancelled
+					t.Errorf("refunds %d, want %d", got, want)
+				}
+				branches := b.branches(t, op.ID)
+				if w.branch == "" && counts.Claimed != 0 {
+					t.Errorf("recovery claimed a finished operation: %+v, branches %v", counts, branches)
+				}
+				if w.branch != "" && (counts.Claimed != 1 || !contains(branches, w.branch)) {
+					t.Errorf("claims %d, branches %v; want one claim and branch %s", counts.Claimed, branches, w.branch)
+				}
+				if op.Status == workflow.StatusSucceeded {
+					for _, s := range op.Steps {
+						if s.State != workflow.StepDone {
+							t.Errorf("SUCCEEDED with step %s %s", s.Name, s.State)
+						}
+					}
+				}
+				checkInvariants(t, b.db)
+			})
+		}
+	}
+}
+
+// canonical drops the older alias names from a list of crash points.
+func canonical(points []crash.Point) []crash.Point {
+	var out []crash.Point
+	for _, p := range points {
+		if p != "after_claim" && p != "after_provider_call" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // branches lists the recovery branches on an operation's timeline.
 func (b *bundle) branches(t *testing.T, opID int64) []string {
 	t.Helper()
-	events, err := b.store.Timeline(context.Background(), opID)
+	events, err := b.engine.Timeline(context.Background(), opID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,34 +422,59 @@ func (b *bundle) branches(t *testing.T, opID int64) []string {
 }
 
 // A provider that is not idempotent lost its answer, and its status cannot
-// be asked: recovery must not call again (that could cancel twice), so the
-// operation goes to reconciliation and the effect count stays 1.
+// be asked: recovery must not call again (that could cancel twice). It
+// backs off and asks again (issue 11: a person is the last resort), and
+// only once its attempts are used — right after a last status query that
+// still cannot be answered — does the operation go to reconciliation. The
+// effect count stays 1.
 func TestNotIdempotentLostResponseGoesToReconciliation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pid := b.policyIDs[0]
 	b.setFaults(t, faults{mode: fake.ModeLostResponse, idempotent: false})
-	op := b.cancelCrashingAt(t, pid, "none")
-	if op.Status != policies.OpInProgress {
+	op, _ := b.cancelCrashingAt(t, pid, none)
+	if op.Status != workflow.StatusInProgress {
 		t.Fatalf("after a lost response: %s", op.Status)
 	}
 	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false, statusMode: fake.StatusError})
-	no := false
-	l := b.loop(t, "app-2", recovery.Config{Lease: 2 * time.Second, MaxPolls: 2, RetryUnknown: &no})
+	b.believe(t, false)
+	l := b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls, c.MaxAttempts = 2, 3 })
 	c := b.settle(t, l)
-	op, _ = b.store.OperationForPolicy(context.Background(), pid)
-	if op.Status != policies.OpNeedsReconciliation || c.Reconcile != 1 || c.Polls != 2 {
-		t.Fatalf("status %s, counts %+v; want NEEDS_RECONCILIATION after 2 polls", op.Status, c)
+	op = b.operation(t, pid)
+	if op.Status != workflow.StatusNeedsReconciliation || c.Reconcile != 1 || c.BackedOff != 2 {
+		t.Fatalf("status %s, counts %+v; want NEEDS_RECONCILIATION after two backoffs", op.Status, c)
 	}
 	if got := b.effects(t, pid); got != 1 {
 		t.Fatalf("effects %d, want 1", got)
 	}
-	if op.LastError == nil || op.ProviderTruth != nil {
-		t.Errorf("evidence missing: last_error %v, provider_truth %v", deref(op.LastError), deref(op.ProviderTruth))
+	if op.LastError == nil || !strings.Contains(*op.LastError, "last status query") {
+		t.Errorf("evidence missing: last_error %v", deref(op.LastError))
 	}
-	// Nothing more happens to it by itself.
+	calls, _ := b.engine.Calls(context.Background(), op.ID)
+	var sends, asks int
+	for _, cr := range calls {
+		switch cr.Kind {
+		case "call":
+			sends++
+		case "status":
+			asks++
+		}
+	}
+	if sends != 1 || asks < 3 {
+		t.Errorf("calls %d (want only the request's), status queries %d", sends, asks)
+	}
+	// The belief in force is on the timeline.
+	events, _ := b.engine.Timeline(context.Background(), op.ID)
+	named := false
+	for _, e := range events {
+		named = named || strings.Contains(e.Detail, "believes provider calls are NOT idempotent")
+	}
+	if !named {
+		t.Error("no timeline event names the belief that decided")
+	}
+	// It is asked again later, not before.
 	if c, _ := l.RunOnce(context.Background()); c.Claimed != 0 {
-		t.Fatalf("a NEEDS_RECONCILIATION operation was claimed: %+v", c)
+		t.Fatalf("a NEEDS_RECONCILIATION operation was asked again at once: %+v", c)
 	}
 	checkInvariants(t, b.db)
 }
@@ -366,49 +486,54 @@ func TestNotIdempotentLostResponseWithStatusFinishesWithoutASecondCall(t *testin
 	b := setup(t)
 	pid := b.policyIDs[0]
 	b.setFaults(t, faults{mode: fake.ModeLostResponse, idempotent: false})
-	b.cancelCrashingAt(t, pid, "none")
+	b.cancelCrashingAt(t, pid, none)
 	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false})
-	no := false
-	b.settle(t, b.loop(t, "app-2", recovery.Config{Lease: 2 * time.Second, RetryUnknown: &no}))
-	op, _ := b.store.OperationForPolicy(context.Background(), pid)
-	if op.Status != policies.OpSucceeded || b.effects(t, pid) != 1 {
+	b.believe(t, false)
+	b.settle(t, b.loop(t, "app-2", nil))
+	op := b.operation(t, pid)
+	if op.Status != workflow.StatusSucceeded || b.effects(t, pid) != 1 {
 		t.Fatalf("status %s, effects %d", op.Status, b.effects(t, pid))
 	}
 	checkInvariants(t, b.db)
 }
 
 // A provider that cannot be reached at all: each attempt backs off (the
-// operation stays RECOVERING with a next attempt time), and after
-// MaxAttempts it goes to reconciliation with the evidence.
+// operation stays RECOVERING with a next attempt time), and once the
+// attempts are used it goes to reconciliation with the evidence.
 func TestUnreachableProviderBacksOffThenReconciles(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pid := b.policyIDs[0]
 	b.setFaults(t, faults{mode: fake.ModeDrop, idempotent: true, statusMode: fake.StatusError})
-	b.cancelCrashingAt(t, pid, "none") // attempt 1: the request's own, handed over
-	l := b.loop(t, "app-2", recovery.Config{Lease: 2 * time.Second, MaxPolls: 1, MaxAttempts: 3, Backoff: time.Hour, MaxBackoff: 2 * time.Hour})
+	b.cancelCrashingAt(t, pid, none) // attempt 1: the request's own, handed over
+	l := b.loop(t, "app-2", func(c *recovery.Config) {
+		c.MaxPolls, c.MaxAttempts, c.Backoff, c.MaxBackoff = 1, 3, time.Hour, 2*time.Hour
+	})
 
 	c, err := l.RunOnce(context.Background())
 	if err != nil || c.BackedOff != 1 {
 		t.Fatalf("first pass %+v %v; want a backoff", c, err)
 	}
-	op, _ := b.store.OperationForPolicy(context.Background(), pid)
-	if op.Status != policies.OpRecovering || op.Attempts != 2 || op.NextAttemptAt == nil || time.Until(*op.NextAttemptAt) < 30*time.Minute {
+	op := b.operation(t, pid)
+	if op.Status != workflow.StatusRecovering || op.Attempts != 2 || op.NextAttemptAt == nil || time.Until(*op.NextAttemptAt) < 30*time.Minute {
 		t.Fatalf("after a backoff: %s attempts %d next %v", op.Status, op.Attempts, op.NextAttemptAt)
 	}
 	if c, _ := l.RunOnce(context.Background()); c.Claimed != 0 {
 		t.Fatalf("claimed during its backoff: %+v", c)
 	}
-	l.SetNow(ptr(time.Now().Add(3 * time.Hour)))
-	c, err = l.RunOnce(context.Background())
-	if err != nil || c.Reconcile != 1 {
-		t.Fatalf("second attempt %+v %v; want reconciliation", c, err)
+	l.engine.Clock().Set(time.Now().Add(3 * time.Hour))
+	if c, err = l.RunOnce(context.Background()); err != nil || c.BackedOff != 1 {
+		t.Fatalf("second attempt %+v %v; want another backoff", c, err)
 	}
-	op, _ = b.store.OperationForPolicy(context.Background(), pid)
-	if op.Status != policies.OpNeedsReconciliation || op.Attempts != 3 {
-		t.Fatalf("%s attempts %d", op.Status, op.Attempts)
+	l.engine.Clock().Set(time.Now().Add(6 * time.Hour))
+	if c, err = l.RunOnce(context.Background()); err != nil || c.Reconcile != 1 {
+		t.Fatalf("third attempt %+v %v; want reconciliation", c, err)
 	}
-	if got := b.branches(t, op.ID); !contains(got, policies.BranchBackoff) || got[len(got)-1] != policies.BranchReconciliation {
+	op = b.operation(t, pid)
+	if op.Status != workflow.StatusNeedsReconciliation || op.Attempts != 3 || op.NextAttemptAt == nil {
+		t.Fatalf("%s attempts %d, next question %v", op.Status, op.Attempts, op.NextAttemptAt)
+	}
+	if got := b.branches(t, op.ID); !contains(got, workflow.BranchBackoff) || got[len(got)-1] != workflow.BranchReconciliation {
 		t.Fatalf("branches %v", got)
 	}
 }
@@ -430,22 +555,31 @@ func TestThreeLoopsRecoverEachOperationExactlyOnce(t *testing.T) {
 			// before calling the provider: IN_PROGRESS, lease over.
 			_, err := b.db.Pool.Exec(ctx, `
 				WITH p AS (
-				    INSERT INTO policies (user_id, number, holder, premium)
-				    SELECT $1, 'POL-LOAD-' || i, 'Load Test', 10
+				    INSERT INTO policies (user_id, number, holder, premium, coverage_start, coverage_end)
+				    SELECT $1, 'POL-LOAD-' || i, 'Load Test', 10, current_date - 30, current_date + 335
 				      FROM generate_series(1, $2) i
-				    RETURNING id, user_id)
-				INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status,
-				                               owner_token, owner_id, lease_expires_at, provider_key)
-				SELECT id, 'CANCEL', user_id, 'k-' || id, 'IN_PROGRESS',
-				       gen_random_uuid(), 'request on a dead instance', now() - interval '1 second',
-				       format('policy-%s-cancel-1', id)
-				  FROM p`, b.alice, n)
+				    RETURNING id, user_id),
+				o AS (
+				    INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, status,
+				                            owner_token, owner_id, lease_expires_at)
+				    SELECT id, 'CANCEL', user_id, 'k-' || id, 'IN_PROGRESS',
+				           gen_random_uuid(), 'request on a dead instance', now() - interval '1 second'
+				      FROM p
+				    RETURNING id)
+				-- their steps: the intent recorded, nothing sent yet
+				INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
+				SELECT o.id, 1, s.position, s.name, o.id || ':' || s.name, s.system,
+				       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END,
+				       CASE WHEN s.position = 1 THEN now() END
+				  FROM o,
+				       (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
+				               (4, 'publish_event', NULL), (5, 'audit', NULL)) AS s(position, name, system)`, b.alice, n)
 			if err != nil {
 				t.Fatal(err)
 			}
-			loops := []*recovery.Loop{}
+			loops := []worker{}
 			for i := range 3 {
-				loops = append(loops, b.loop(t, fmt.Sprintf("app-%d", i+1), recovery.Config{Strategy: strategy, BatchSize: 25}))
+				loops = append(loops, b.loop(t, fmt.Sprintf("app-%d", i+1), func(c *recovery.Config) { c.Strategy, c.BatchSize = strategy, 25 }))
 			}
 			var mu sync.Mutex
 			var total recovery.Counts
@@ -489,7 +623,7 @@ func TestThreeLoopsRecoverEachOperationExactlyOnce(t *testing.T) {
 			}
 			t.Logf("%s: %d claims spread over %d loops", strategy, claimEvents, perLoop)
 			var succeeded, effects int
-			b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM policy_operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
+			b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'SUCCEEDED'`).Scan(&succeeded)
 			b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_provider.effects`).Scan(&effects)
 			if succeeded != n || effects != n {
 				t.Fatalf("succeeded %d, effects %d; want %d each", succeeded, effects, n)
@@ -512,14 +646,14 @@ func TestAWorkerWhoseLeaseLapsedMidPollIsFenced(t *testing.T) {
 	if _, err := b.fake.SetFaults(ctx, fault); err != nil {
 		t.Fatal(err)
 	}
-	op := b.cancelCrashingAt(t, pid, "none") // RUNNING at the provider for 2s; handed over
+	op, _ := b.cancelCrashingAt(t, pid, none) // RUNNING at the provider for 2s; handed over
 	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true})
 
 	// A waits long between polls, so B takes over inside A's first wait
 	// however slow the machine is; B polls briskly until the provider
 	// completes. When A wakes up, the operation is no longer its own.
-	a := b.loop(t, "app-1", recovery.Config{Lease: time.Second, MaxPolls: 10, PollInterval: 3 * time.Second})
-	bb := b.loop(t, "app-2", recovery.Config{Lease: time.Second, MaxPolls: 10, PollInterval: 150 * time.Millisecond})
+	a := b.loop(t, "app-1", func(c *recovery.Config) { c.Lease, c.MaxPolls, c.PollInterval = time.Second, 10, 3*time.Second })
+	bb := b.loop(t, "app-2", func(c *recovery.Config) { c.Lease, c.MaxPolls, c.PollInterval = time.Second, 10, 150*time.Millisecond })
 	aDone := make(chan recovery.Counts, 1)
 	go func() {
 		c, err := a.RunOnce(ctx)
@@ -535,7 +669,7 @@ func TestAWorkerWhoseLeaseLapsedMidPollIsFenced(t *testing.T) {
 		return n > 0
 	})
 	// …then B, whose clock says A's lease is long over, takes over.
-	bb.SetNow(ptr(time.Now().Add(time.Hour)))
+	bb.engine.Clock().Set(time.Now().Add(time.Hour))
 	cb, err := bb.RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -546,13 +680,17 @@ func TestAWorkerWhoseLeaseLapsedMidPollIsFenced(t *testing.T) {
 	}
 	var takeover int64
 	b.db.Pool.QueryRow(ctx, `SELECT id FROM operation_events WHERE operation_id = $1 AND branch = 'claimed' AND actor = 'recovery on app-2'`, op.ID).Scan(&takeover)
-	var lateWrites int
-	b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND id > $2 AND actor = 'recovery on app-1'`, op.ID, takeover).Scan(&lateWrites)
-	if takeover == 0 || lateWrites != 0 {
-		t.Fatalf("takeover event %d, writes by A after it: %d", takeover, lateWrites)
+	// After the takeover, A's only line on the timeline is its refusal.
+	var lateWrites, refusals int
+	b.db.Pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE branch IS DISTINCT FROM 'fenced'), count(*) FILTER (WHERE branch = 'fenced')
+		  FROM operation_events
+		 WHERE operation_id = $1 AND id > $2 AND actor = 'recovery on app-1'`, op.ID, takeover).Scan(&lateWrites, &refusals)
+	if takeover == 0 || lateWrites != 0 || refusals != 1 {
+		t.Fatalf("takeover event %d, writes by A after it: %d, refusals recorded: %d", takeover, lateWrites, refusals)
 	}
-	final, _ := b.store.OperationForPolicy(ctx, pid)
-	if final.Status != policies.OpSucceeded || b.effects(t, pid) != 1 {
+	final := b.operation(t, pid)
+	if final.Status != workflow.StatusSucceeded || b.effects(t, pid) != 1 {
 		t.Fatalf("%s, effects %d", final.Status, b.effects(t, pid))
 	}
 	checkInvariants(t, b.db)
@@ -563,20 +701,23 @@ func TestAWorkerWhoseLeaseLapsedMidPollIsFenced(t *testing.T) {
 // else already did.
 func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 	t.Parallel()
-	for _, res := range []policies.Resolution{policies.ResolveCancelled, policies.ResolveRetry, policies.ResolveFailed} {
+	for _, res := range []workflow.Resolution{workflow.ResolveDone, workflow.ResolveRetry, workflow.ResolveFailed} {
 		t.Run(string(res), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			ctx := context.Background()
 			pid := b.policyIDs[0]
 			b.setFaults(t, faults{mode: fake.ModeLostResponse, idempotent: false})
-			b.cancelCrashingAt(t, pid, "none")
+			b.cancelCrashingAt(t, pid, none)
 			b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false, statusMode: fake.StatusError})
-			no := false
-			b.settle(t, b.loop(t, "app-2", recovery.Config{MaxPolls: 1, RetryUnknown: &no}))
-			seen, _ := b.store.OperationForPolicy(ctx, pid)
+			b.believe(t, false)
+			b.settle(t, b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls, c.MaxAttempts = 1, 1 }))
+			seen := b.operation(t, pid)
+			if seen.Status != workflow.StatusNeedsReconciliation {
+				t.Fatalf("not in reconciliation: %s", seen.Status)
+			}
 
-			req := policies.ResolveRequest{OperationID: seen.ID, Resolution: res, SeenUpdatedAt: seen.UpdatedAt, Actor: "admin"}
+			req := workflow.ResolveRequest{OperationID: seen.ID, Resolution: res, SeenUpdatedAt: seen.UpdatedAt, Actor: "admin"}
 			var wins, lost int
 			var wg sync.WaitGroup
 			var mu sync.Mutex
@@ -584,13 +725,13 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, err := b.canceller.Resolve(ctx, req, workflow.Hooks[policies.Operation]{})
+					_, err := b.engine.Resolve(ctx, req, workflow.Hooks[workflow.Operation]{})
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
 					case err == nil:
 						wins++
-					case errors.Is(err, policies.ErrStateChanged):
+					case errors.Is(err, workflow.ErrStateChanged):
 						lost++
 					default:
 						t.Error(err)
@@ -601,29 +742,37 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 			if wins != 1 || lost != 1 {
 				t.Fatalf("wins %d, lost %d", wins, lost)
 			}
-			op, _ := b.store.OperationForPolicy(ctx, pid)
-			want := map[policies.Resolution]string{
-				policies.ResolveCancelled: policies.OpSucceeded,
-				policies.ResolveRetry:     policies.OpInProgress,
-				policies.ResolveFailed:    policies.OpFailed,
+			op := b.operation(t, pid)
+			want := map[workflow.Resolution]string{
+				workflow.ResolveDone:   workflow.StatusInProgress, // the policy cancelled; the refund is recovery's
+				workflow.ResolveRetry:  workflow.StatusInProgress,
+				workflow.ResolveFailed: workflow.StatusFailed,
 			}[res]
 			if op.Status != want {
 				t.Fatalf("status %s, want %s", op.Status, want)
 			}
-			if res == policies.ResolveRetry {
+			if res == workflow.ResolveDone {
+				if b.refunds(t, pid) != 0 {
+					t.Fatal("the person's decision refunded: that is a call, recovery's to make")
+				}
+				b.settle(t, b.loop(t, "app-1", nil))
+				if op = b.operation(t, pid); op.Status != workflow.StatusSucceeded || b.refunds(t, pid) != 1 {
+					t.Fatalf("after the decision: %s, refunds %d", op.Status, b.refunds(t, pid))
+				}
+			}
+			if res == workflow.ResolveRetry {
 				// Back in recovery's hands, which asks first: with the status
 				// query healthy again it learns COMPLETED and finishes.
 				b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false})
-				b.settle(t, b.loop(t, "app-1", recovery.Config{}))
-				op, _ = b.store.OperationForPolicy(ctx, pid)
-				if op.Status != policies.OpSucceeded {
+				b.settle(t, b.loop(t, "app-1", nil))
+				if op = b.operation(t, pid); op.Status != workflow.StatusSucceeded {
 					t.Fatalf("after retry: %s", op.Status)
 				}
 			}
 			if b.effects(t, pid) != 1 {
 				t.Fatalf("effects %d", b.effects(t, pid))
 			}
-			if got := b.branches(t, op.ID); !contains(got, policies.BranchResolved) {
+			if got := b.branches(t, op.ID); !contains(got, workflow.BranchResolved) {
 				t.Fatalf("branches %v", got)
 			}
 		})
@@ -648,8 +797,6 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func deref(s *string) string {
 	if s == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -28,9 +29,11 @@ var errorTable = []struct {
 	title  string
 }{
 	{policies.ErrNotFound, http.StatusNotFound, "not-found", "Policy not found"},
-	{policies.ErrOperationNotFound, http.StatusNotFound, "not-found", "Operation not found"},
+	{workflow.ErrNotFound, http.StatusNotFound, "not-found", "Operation not found"},
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
-	{policies.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
+	{workflow.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
+	{workflow.ErrResolutionNotAllowed, http.StatusConflict, "resolution-not-allowed", "That decision does not fit this step"},
+	{workflow.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
 	{events.ErrEventNotFound, http.StatusNotFound, "not-found", "Event not found"},

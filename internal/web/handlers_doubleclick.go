@@ -98,7 +98,7 @@ func (app *App) describeLayers(ctx context.Context, userID, policyID int64, keys
 	}
 	err = app.pool.QueryRow(ctx, `
 		SELECT count(*), coalesce(max(status), '')
-		  FROM policy_operations
+		  FROM operations
 		 WHERE policy_id = $1`, policyID).Scan(&res.Operations, &res.OperationStatus)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -46,6 +47,10 @@ type fakeAdmin struct {
 	unreachable error
 	// subjects are the form fields a fault may be scoped by.
 	subjects []string
+	// believe records what the app believes about the system's
+	// idempotency (external_systems): the page's switch flips the fake and
+	// the belief together.
+	believe func(ctx context.Context, idempotent bool, by string) error
 }
 
 var (
@@ -55,12 +60,20 @@ var (
 
 func (app *App) providerAdmin() fakeAdmin {
 	return fakeAdmin{name: "provider", page: "/provider", control: app.providerControl,
-		unreachable: errProviderUnreachable, subjects: []string{"policy_id"}}
+		unreachable: errProviderUnreachable, subjects: []string{"policy_id"}, believe: app.believer("provider")}
 }
 
 func (app *App) paymentsAdmin() fakeAdmin {
 	return fakeAdmin{name: "payments", page: "/payments", control: app.paymentsControl,
-		unreachable: errPaymentsUnreachable, subjects: []string{"policy_id", "booking_id"}}
+		unreachable: errPaymentsUnreachable, subjects: []string{"policy_id", "booking_id"}, believe: app.believer("payments")}
+}
+
+// believer sets what the app believes about system.
+func (app *App) believer(system string) func(ctx context.Context, idempotent bool, by string) error {
+	return func(ctx context.Context, idempotent bool, by string) error {
+		_, err := workflow.SetBelief(ctx, app.pool, system, idempotent, by)
+		return err
+	}
 }
 
 // controlError keeps a refused fault (*fault.InvalidError: 422
@@ -129,6 +142,14 @@ func (s fakeAdmin) faultsForm(c echo.Context) error {
 	}
 	if _, err := s.control.SetFaults(ctx, f); err != nil {
 		return s.controlError(c, err)
+	}
+	if c.FormValue("idempotent") != "" && f.PolicyID == nil && f.BookingID == nil && f.Next == 0 {
+		// The switch flips the fake and what the app believes about it
+		// together; a deliberate mismatch is a lab's, labelled as such.
+		u, _ := userFrom(c)
+		if err := s.believe(ctx, f.Idempotent, u.Name+" (the "+s.name+" page's switch)"); err != nil {
+			return err
+		}
 	}
 	return c.Redirect(http.StatusSeeOther, s.page)
 }

@@ -1,7 +1,11 @@
 package web
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -9,54 +13,77 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
-// operationView is an operation with its timeline and the provider's truth
-// for the same key, side by side: what we know locally and what really
-// happened remotely.
+// operationView is an operation with its steps, its timeline, its log of
+// calls, and each system's truth for each external step's key, side by
+// side: what we know locally and what really happened elsewhere.
 type operationView struct {
-	policies.Operation
-	Timeline []policies.Event `json:"timeline"`
-	Provider providerTruth    `json:"provider"`
+	workflow.Operation
+	Timeline []workflow.Event      `json:"timeline"`
+	Calls    []workflow.CallRecord `json:"calls"`
+	// Truths is each external step's system asked just now, by step name.
+	Truths map[string]truthNow `json:"truths"`
+	// Provider is Truths["provider_cancel"], where clients of the first
+	// API version look for it.
+	Provider truthNow `json:"provider"`
 }
 
-type providerTruth struct {
-	Key   string `json:"key"`
-	Truth string `json:"truth,omitempty"` // NOT_STARTED | RUNNING | COMPLETED | REJECTED
-	Error string `json:"error,omitempty"` // why the truth is unknown right now
+type truthNow struct {
+	System string `json:"system"`
+	Key    string `json:"key"`
+	Truth  string `json:"truth,omitempty"` // NOT_STARTED | RUNNING | COMPLETED | REJECTED
+	Error  string `json:"error,omitempty"` // why the truth is unknown right now
 }
 
 // loadOperation reads what the operation pages and GET /api/v1/operations/{id}
-// show. Asking the provider is bounded, and its failure is shown, not fatal.
+// show. Asking the systems is bounded, and a failure is shown, not fatal.
 func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationView, error) {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
 		return operationView{}, err
 	}
-	op, err := app.policies.GetOperation(ctx, id, u.ID, u.IsAdmin())
+	op, err := app.engine.GetOperation(ctx, id, u.ID, u.IsAdmin())
 	if err != nil {
 		return operationView{}, err
 	}
-	timeline, err := app.policies.Timeline(ctx, op.ID)
-	if err != nil {
+	v := operationView{Operation: op, Truths: map[string]truthNow{}}
+	if v.Timeline, err = app.engine.Timeline(ctx, op.ID); err != nil {
 		return operationView{}, err
 	}
-	v := operationView{Operation: op, Timeline: timeline, Provider: providerTruth{Key: op.ProviderKey}}
+	if v.Calls, err = app.engine.Calls(ctx, op.ID); err != nil {
+		return operationView{}, err
+	}
+	if v.Calls == nil {
+		v.Calls = []workflow.CallRecord{}
+	}
 	askCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	truth, err := app.provider.Status(askCtx, op.ProviderKey)
-	if err != nil {
-		v.Provider.Error = err.Error()
-	} else {
-		v.Provider.Truth = string(truth)
-	}
-	if !u.IsAdmin() { // redact.go: a customer reads summaries, not internals
-		v.Operation, v.Timeline = customerOperation(v.Operation), customerTimeline(v.Timeline)
-		if v.Provider.Error != "" {
-			v.Provider.Error = "the provider cannot be asked right now"
+	for _, s := range op.Steps {
+		if !s.External() {
+			continue
 		}
+		t := truthNow{System: *s.System, Key: s.Key}
+		if truth, err := app.engine.Truth(askCtx, op, s.Name); err != nil {
+			t.Error = err.Error()
+		} else {
+			t.Truth = string(truth)
+		}
+		v.Truths[s.Name] = t
+	}
+	v.Provider = v.Truths[policies.StepProviderCancel]
+	if !u.IsAdmin() { // redact.go: a customer reads summaries, not internals
+		v.Operation, v.Timeline, v.Calls = customerOperation(v.Operation), customerTimeline(v.Timeline), customerCalls(v.Calls)
+		for name, t := range v.Truths {
+			if t.Error != "" {
+				t.Error = "the " + t.System + " cannot be asked right now"
+				v.Truths[name] = t
+			}
+		}
+		v.Provider = v.Truths[policies.StepProviderCancel]
 	}
 	return v, nil
 }
@@ -70,8 +97,9 @@ func (app *App) handleGetOperation(c echo.Context) error {
 	return c.JSON(http.StatusOK, v)
 }
 
-// handleOperationPage: GET /operations/:id — local state, provider truth and
-// timeline, refreshing itself until the operation is terminal.
+// handleOperationPage: GET /operations/:id — the steps, each system's truth,
+// the calls and the timeline, refreshing itself until the operation is
+// terminal.
 func (app *App) handleOperationPage(c echo.Context) error {
 	vm, err := app.operationPanel(c)
 	if err != nil {
@@ -107,23 +135,101 @@ func (app *App) operationDetail(ctx context.Context, v operationView) (views.Ope
 		return views.OperationDetail{}, err
 	}
 	vm := views.OperationDetail{
-		ID: v.ID, PolicyID: v.PolicyID, PolicyNumber: pol.Number, Status: v.Status, Terminal: v.Terminal(),
-		Reason: v.Reason, Run: v.Run, Attempts: v.Attempts, ProviderKey: v.ProviderKey,
+		ID: v.ID, Kind: "Cancellation", PolicyID: v.PolicyID, PolicyNumber: pol.Number, Status: v.Status, Terminal: v.Terminal(),
+		Reason: v.Reason, Run: v.Run, Attempts: v.Attempts,
 		Owner: deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
-		LastError: deref(v.LastError), ProviderTruth: v.Provider.Truth, ProviderError: v.Provider.Error,
+		Released: releasedText(deref(v.Released)), LastError: deref(v.LastError),
 	}
-	for _, name := range []string{policies.StepRecordIntent, policies.StepProviderCancel, policies.StepMarkCancelled} {
-		if state, ok := v.Steps[name]; ok {
-			vm.Steps = append(vm.Steps, views.Step{Name: name, State: state})
+	current := ""
+	for _, s := range v.Steps {
+		if s.State != workflow.StepDone && current == "" {
+			current = s.Name
 		}
+		step := views.Step{
+			Position: s.Position, Name: s.Name, Key: s.Key, System: deref(s.System), State: s.State, Attempts: s.Attempts,
+			Deadline: timeText(s.DeadlineAt), Sent: timeText(s.SentAt), Finished: timeText(s.FinishedAt),
+			Request: prettyJSON(s.Request), Answer: prettyJSON(s.Answer), Recorded: deref(s.Truth),
+			Current: s.Name == current && !v.Terminal(),
+		}
+		if t, ok := v.Truths[s.Name]; ok {
+			step.LiveTruth, step.LiveError = t.Truth, t.Error
+		}
+		vm.Steps = append(vm.Steps, step)
+	}
+	stepOf := map[string]string{}
+	for _, s := range v.Steps {
+		stepOf[s.Key] = s.Name
+	}
+	for _, cr := range v.Calls {
+		line := views.CallLine{At: cr.At.UTC().Format("15:04:05.000"), Kind: cr.Kind, System: cr.System,
+			Step: cmp.Or(stepOf[cr.StepKey], cr.StepKey), Actor: cr.Actor, What: callText(cr)}
+		if cr.Attempt != nil {
+			line.Attempt = fmt.Sprintf(" · attempt %d", *cr.Attempt)
+		}
+		if cr.DeadlineAt != nil {
+			line.Deadline = timeText(cr.DeadlineAt)
+		}
+		vm.Calls = append(vm.Calls, line)
 	}
 	for _, e := range v.Timeline {
 		vm.Timeline = append(vm.Timeline, views.TimelineEvent{
-			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus,
+			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),
 			Actor: e.Actor, Owner: shortToken(deref(e.OwnerToken)), Detail: e.Detail, Statement: strings.TrimSpace(e.Statement),
 		})
 	}
 	return vm, nil
+}
+
+// callText says what one exchange was.
+func callText(c workflow.CallRecord) string {
+	switch c.Kind {
+	case "call":
+		return "sent " + c.StepKey + " " + string(c.Request)
+	case "answer":
+		s := "answer: " + deref(c.Outcome)
+		if c.Truth != nil {
+			s += " (" + *c.Truth + ")"
+		}
+		if c.Detail != "" {
+			s += " — " + c.Detail
+		}
+		if c.TookMS != nil {
+			s += fmt.Sprintf(", after %d ms", *c.TookMS)
+		}
+		return s
+	default:
+		s := "status of " + c.StepKey + ": "
+		if c.Truth != nil {
+			s += *c.Truth
+		} else {
+			s += "could not be asked — " + c.Detail
+		}
+		return s
+	}
+}
+
+// releasedText says why a live operation's lease ended early.
+func releasedText(r string) string {
+	switch r {
+	case workflow.ReleasedHandedOver:
+		return "handed to recovery on purpose"
+	case workflow.ReleasedBackedOff:
+		return "released: backing off"
+	case workflow.ReleasedRetryRequested:
+		return "handed back to recovery by a person"
+	}
+	return ""
+}
+
+func prettyJSON(raw []byte) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if json.Indent(&b, raw, "", "  ") != nil {
+		return string(raw)
+	}
+	return b.String()
 }
 
 func deref(s *string) string {

@@ -75,7 +75,7 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 	if err := decodeOptionalJSON(c, &in); err != nil {
 		return err // refused before the workflow: nothing claimed, nothing stored
 	}
-	return app.cancelPolicy(c, in.Reason, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+	return app.cancelPolicy(c, in.Reason, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
 		if refusal != nil {
 			return problemAnswer(c, refusal)
 		}
@@ -88,7 +88,7 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 // operation page (POST/redirect/GET), stored with the outcome, so a
 // double-click or a reload of the POST lands on the same page.
 func (app *App) handleCancelPolicyForm(c echo.Context) error {
-	return app.cancelPolicy(c, c.FormValue("reason"), func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+	return app.cancelPolicy(c, c.FormValue("reason"), func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
 		var dup *policies.DuplicateIntentError
 		switch {
 		case errors.As(refusal, &dup):
@@ -103,7 +103,7 @@ func (app *App) handleCancelPolicyForm(c echo.Context) error {
 
 // cancelPolicy is the one call both cancel handlers make; they differ only
 // in how they answer.
-func (app *App) cancelPolicy(c echo.Context, reason string, answer answerer[policies.Operation]) error {
+func (app *App) cancelPolicy(c echo.Context, reason string, answer answerer[workflow.Operation]) error {
 	u, _ := userFrom(c)
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -116,18 +116,18 @@ func (app *App) cancelPolicy(c echo.Context, reason string, answer answerer[poli
 	req := policies.CancelRequest{
 		UserID: u.ID, PolicyID: id, Reason: reason, RequestKey: idempotency.AttemptFrom(ctx).KeyOrEmpty(), Actor: app.actor(c),
 	}
-	return respond(c, answer, func(hooks workflow.Hooks[policies.Operation]) error {
+	return respond(c, answer, func(hooks workflow.Hooks[workflow.Operation]) error {
 		_, err := app.canceller.Cancel(ctx, req, hooks)
 		return err
 	})
 }
 
 // cancelAnswer is the API's answer for an operation as committed.
-func cancelAnswer(op policies.Operation) (idempotency.Response, error) {
+func cancelAnswer(op workflow.Operation) (idempotency.Response, error) {
 	switch op.Status {
-	case policies.OpSucceeded:
+	case workflow.StatusSucceeded:
 		return idempotency.JSONResponse(http.StatusOK, op)
-	case policies.OpFailed:
+	case workflow.StatusFailed:
 		reason := ""
 		if op.LastError != nil {
 			reason = *op.LastError
@@ -165,13 +165,13 @@ func (app *App) handlePolicyPage(c echo.Context) error {
 		return err
 	}
 	vm := views.PolicyDetail{ID: p.ID, Number: p.Number, Holder: p.Holder, Premium: p.Premium, Status: p.Status, CancelKey: newFormKey()}
-	op, err := app.policies.OperationForPolicy(ctx, p.ID)
+	op, err := app.engine.OperationOf(ctx, policies.OperationCancel, p.ID)
 	switch {
 	case err == nil:
 		vm.OperationID, vm.OperationStatus = op.ID, op.Status
-	case !errors.Is(err, policies.ErrOperationNotFound):
+	case !errors.Is(err, workflow.ErrNotFound):
 		return err
 	}
-	vm.CanCancel = p.Status == policies.StatusActive && (vm.OperationID == 0 || op.Status == policies.OpFailed)
+	vm.CanCancel = p.Status == policies.StatusActive && (vm.OperationID == 0 || op.Status == workflow.StatusFailed)
 	return render(c, http.StatusOK, views.PolicyPage(app.page(c, p.Number, "policies"), vm))
 }

@@ -21,33 +21,39 @@ type recoverySnapshot struct {
 	Instance string                   `json:"instance"`
 	Settings recoverySettings         `json:"settings"`
 	Counts   map[string]int           `json:"counts"`
-	Live     []policies.LiveOperation `json:"live"`
-	Recent   []policies.RecoveryEvent `json:"recent"`
+	Live     []workflow.LiveOperation `json:"live"`
+	Recent   []workflow.RecoveryEvent `json:"recent"`
+	Beliefs  []workflow.Belief        `json:"systems"`
 }
 
 type recoverySettings struct {
-	Strategy     string  `json:"strategy"`
-	IntervalS    float64 `json:"interval_seconds"`
-	LeaseS       float64 `json:"lease_seconds"`
-	MaxPolls     int     `json:"max_polls"`
-	PollTimeS    float64 `json:"max_poll_seconds"`
-	MaxAttempts  int     `json:"max_attempts"`
-	RetryUnknown bool    `json:"retry_unknown"`
-	BoundS       float64 `json:"bound_seconds"`
+	Strategy    string  `json:"strategy"`
+	IntervalS   float64 `json:"interval_seconds"`
+	LeaseS      float64 `json:"lease_seconds"`
+	MaxPolls    int     `json:"max_polls"`
+	PollTimeS   float64 `json:"max_poll_seconds"`
+	MaxAttempts int     `json:"max_attempts"`
+	ClockSkewS  float64 `json:"clock_skew_seconds"`
+	ReaskS      float64 `json:"reask_interval_seconds"`
+	BoundS      float64 `json:"bound_seconds"`
 }
 
 // recoverySnapshot is for everyone signed in; a customer reads it with
 // summaries in place of error texts (redact.go).
 func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnapshot, error) {
-	counts, err := app.policies.CountByStatus(ctx)
+	counts, err := app.engine.CountByStatus(ctx)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
-	live, err := app.policies.ListLive(ctx, 50)
+	live, err := app.engine.ListLive(ctx, 50)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
-	recent, err := app.policies.RecentRecoveryEvents(ctx, 30)
+	recent, err := app.engine.RecentRecoveryEvents(ctx, 30)
+	if err != nil {
+		return recoverySnapshot{}, err
+	}
+	beliefs, err := workflow.Beliefs(ctx, app.pool)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
@@ -66,9 +72,9 @@ func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnaps
 		Settings: recoverySettings{
 			Strategy: string(cfg.Strategy), IntervalS: cfg.Interval.Seconds(), LeaseS: b.Lease.Seconds(),
 			MaxPolls: b.MaxPolls, PollTimeS: b.MaxPollTime().Seconds(), MaxAttempts: b.MaxAttempts,
-			RetryUnknown: b.RetryUnknown, BoundS: app.recovery.Bound().Seconds(),
+			ClockSkewS: b.ClockSkew.Seconds(), ReaskS: b.ReaskInterval.Seconds(), BoundS: app.recovery.Bound().Seconds(),
 		},
-		Counts: counts, Live: live, Recent: recent,
+		Counts: counts, Live: live, Recent: recent, Beliefs: beliefs,
 	}, nil
 }
 
@@ -110,11 +116,16 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	b := cfg.Budget()
 	v := views.RecoveryView{
 		Instance: s.Instance, Strategy: s.Settings.Strategy, Interval: cfg.Interval.String(), Lease: b.Lease.String(),
-		MaxPolls: b.MaxPolls, PollTime: b.MaxPollTime().String(), MaxAttempts: b.MaxAttempts, RetryUnknown: b.RetryUnknown,
+		MaxPolls: b.MaxPolls, PollTime: b.MaxPollTime().String(), MaxAttempts: b.MaxAttempts,
+		ClockSkew: b.ClockSkew.String(), Reask: b.ReaskInterval.String(),
 		Bound: app.recovery.Bound().Round(100 * time.Millisecond).String(),
 	}
-	for _, st := range []string{policies.OpInProgress, policies.OpRecovering, policies.OpSucceeded, policies.OpFailed, policies.OpNeedsReconciliation} {
+	for _, st := range workflow.Statuses {
 		v.Counts = append(v.Counts, views.StatusCount{Status: st, N: s.Counts[st]})
+	}
+	for _, b := range s.Beliefs {
+		v.Beliefs = append(v.Beliefs, views.Belief{System: b.System, Idempotent: b.Idempotent,
+			By: b.UpdatedBy + " at " + b.UpdatedAt.UTC().Format("15:04:05 MST")})
 	}
 	for _, l := range s.Live {
 		row := views.LiveOperation{
@@ -140,12 +151,12 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 
 // handleReconciliationAPI: GET /api/v1/admin/reconciliation (admin)
 func (app *App) handleReconciliationAPI(c echo.Context) error {
-	ops, err := app.policies.ListByStatus(c.Request().Context(), policies.OpNeedsReconciliation, 100)
+	ops, err := app.engine.ListByStatus(c.Request().Context(), workflow.StatusNeedsReconciliation, 100)
 	if err != nil {
 		return err
 	}
 	if ops == nil {
-		ops = []policies.Operation{}
+		ops = []workflow.Operation{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"items": ops})
 }
@@ -154,14 +165,14 @@ func (app *App) handleReconciliationAPI(c echo.Context) error {
 // need a person, with their evidence and three keyed decision forms.
 func (app *App) handleReconciliationPage(c echo.Context) error {
 	ctx := c.Request().Context()
-	ops, err := app.policies.ListByStatus(ctx, policies.OpNeedsReconciliation, 100)
+	ops, err := app.engine.ListByStatus(ctx, workflow.StatusNeedsReconciliation, 100)
 	if err != nil {
 		return err
 	}
 	v := views.ReconciliationView{}
 	// The notice names only what parses: a query string is anyone's to write.
 	if id, err := parseID(c.QueryParam("resolved")); err == nil {
-		if action := policies.Resolution(c.QueryParam("action")); action.Valid() {
+		if action, ok := workflow.ParseResolution(c.QueryParam("action")); ok {
 			v.Notice = fmt.Sprintf("Cancellation #%d: decision recorded (%s). It is on the operation's timeline.", id, action)
 		}
 	}
@@ -175,34 +186,48 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.ReconciliationPage(app.page(c, "Reconciliation", "recovery"), v))
 }
 
-func (app *App) reconcileItem(ctx context.Context, op policies.Operation) (views.ReconcileItem, error) {
+func (app *App) reconcileItem(ctx context.Context, op workflow.Operation) (views.ReconcileItem, error) {
 	pol, err := app.policies.Get(ctx, op.UserID, op.PolicyID)
 	if err != nil {
 		return views.ReconcileItem{}, err
 	}
-	timeline, err := app.policies.Timeline(ctx, op.ID)
+	timeline, err := app.engine.Timeline(ctx, op.ID)
 	if err != nil {
 		return views.ReconcileItem{}, err
 	}
 	item := views.ReconcileItem{
-		ID: op.ID, PolicyID: op.PolicyID, PolicyNumber: pol.Number, Attempts: op.Attempts,
-		RecordedTruth: deref(op.ProviderTruth), LastError: deref(op.LastError),
+		ID: op.ID, PolicyID: op.PolicyID, PolicyNumber: pol.Number, Attempts: op.Attempts, LastError: deref(op.LastError),
 		Updated: op.UpdatedAt.UTC().Format("15:04:05 MST"), SeenUpdatedAt: op.UpdatedAt.Format(time.RFC3339Nano),
-		Keys: map[string]string{},
+		Keys: map[string]string{}, DoneAction: "mark_done", DoneLabel: "It happened: mark done",
 	}
-	for _, r := range []policies.Resolution{policies.ResolveCancelled, policies.ResolveRetry, policies.ResolveFailed} {
-		item.Keys[string(r)] = newFormKey()
+	for _, s := range op.Steps {
+		if s.State == workflow.StepDone {
+			continue
+		}
+		item.Step, item.System, item.StepKey, item.RecordedTruth = s.Name, deref(s.System), s.Key, deref(s.Truth)
+		// Only the first external step may fail the operation: nothing
+		// done elsewhere stands before it.
+		item.CanFail = s.Name == policies.StepProviderCancel
+		if s.Name == policies.StepProviderCancel {
+			item.DoneAction, item.DoneLabel = "mark_cancelled", "Provider confirms: mark cancelled"
+		}
+		if s.External() {
+			askCtx, cancel := context.WithTimeout(ctx, time.Second)
+			if truth, err := app.engine.Truth(askCtx, op, s.Name); err != nil {
+				item.LiveError = err.Error()
+			} else {
+				item.LiveTruth = string(truth)
+			}
+			cancel()
+		}
+		break
 	}
-	askCtx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if truth, err := app.provider.Status(askCtx, op.ProviderKey); err != nil {
-		item.LiveError = err.Error()
-	} else {
-		item.LiveTruth = string(truth)
+	for _, action := range []string{item.DoneAction, "retry", "mark_failed"} {
+		item.Keys[action] = newFormKey()
 	}
 	for _, e := range timeline {
 		item.Timeline = append(item.Timeline, views.TimelineEvent{
-			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Actor: e.Actor, Detail: e.Detail,
+			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step), Actor: e.Actor, Detail: e.Detail,
 		})
 	}
 	return item, nil
@@ -210,7 +235,7 @@ func (app *App) reconcileItem(ctx context.Context, op policies.Operation) (views
 
 // resolveBody is the JSON of POST /api/v1/admin/operations/{id}/resolve.
 type resolveBody struct {
-	Action        string    `json:"action"`          // mark_cancelled | retry | mark_failed
+	Action        string    `json:"action"`          // mark_done (mark_cancelled) | retry | mark_failed
 	SeenUpdatedAt time.Time `json:"seen_updated_at"` // the operation's updated_at as the admin saw it
 	Note          string    `json:"note"`
 }
@@ -223,7 +248,7 @@ func (app *App) handleResolveAPI(c echo.Context) error {
 	if err := decodeOptionalJSON(c, &in); err != nil {
 		return err
 	}
-	return app.resolve(c, in, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+	return app.resolve(c, in, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
 		if refusal != nil {
 			return problemAnswer(c, refusal)
 		}
@@ -240,9 +265,9 @@ func (app *App) handleResolveForm(c echo.Context) error {
 		return problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page")
 	}
 	in := resolveBody{Action: c.FormValue("action"), SeenUpdatedAt: seen, Note: c.FormValue("note")}
-	return app.resolve(c, in, func(c echo.Context, op policies.Operation, refusal error) (idempotency.Response, error) {
+	return app.resolve(c, in, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
 		switch {
-		case errors.Is(refusal, policies.ErrStateChanged):
+		case errors.Is(refusal, workflow.ErrStateChanged):
 			// Said in words, and stored as this form's answer like any other.
 			n := views.Notice{
 				Title: "Someone else already resolved it",
@@ -259,36 +284,36 @@ func (app *App) handleResolveForm(c echo.Context) error {
 }
 
 // resolve is the one call both resolve handlers make.
-func (app *App) resolve(c echo.Context, in resolveBody, answer answerer[policies.Operation]) error {
+func (app *App) resolve(c echo.Context, in resolveBody, answer answerer[workflow.Operation]) error {
 	req, err := app.resolveRequest(c, in)
 	if err != nil {
 		return err
 	}
-	return respond(c, answer, func(hooks workflow.Hooks[policies.Operation]) error {
-		_, err := app.canceller.Resolve(c.Request().Context(), req, hooks)
+	return respond(c, answer, func(hooks workflow.Hooks[workflow.Operation]) error {
+		_, err := app.engine.Resolve(c.Request().Context(), req, hooks)
 		return err
 	})
 }
 
-func (app *App) resolveRequest(c echo.Context, in resolveBody) (policies.ResolveRequest, error) {
+func (app *App) resolveRequest(c echo.Context, in resolveBody) (workflow.ResolveRequest, error) {
 	id, err := pathID(c, "id")
 	if err != nil {
-		return policies.ResolveRequest{}, err
+		return workflow.ResolveRequest{}, err
 	}
-	res := policies.Resolution(in.Action)
-	if !res.Valid() {
-		return policies.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
-			"action must be mark_cancelled, retry or mark_failed").With("field", "action")
+	res, ok := workflow.ParseResolution(in.Action)
+	if !ok {
+		return workflow.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
+			"action must be mark_done (or mark_cancelled), retry or mark_failed").With("field", "action")
 	}
 	if in.SeenUpdatedAt.IsZero() {
-		return policies.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
+		return workflow.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
 			"seen_updated_at must be the operation's updated_at as you saw it").With("field", "seen_updated_at")
 	}
 	if err := validText("note", in.Note, maxTextLength); err != nil {
-		return policies.ResolveRequest{}, err
+		return workflow.ResolveRequest{}, err
 	}
 	u, _ := userFrom(c)
-	return policies.ResolveRequest{
+	return workflow.ResolveRequest{
 		OperationID: id, Resolution: res, SeenUpdatedAt: in.SeenUpdatedAt, Note: in.Note,
 		Actor: u.Name + " (admin, " + app.actor(c) + ")",
 	}, nil

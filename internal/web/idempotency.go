@@ -16,7 +16,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
-	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -61,7 +60,7 @@ func respond[T any](c echo.Context, answer answerer[T], run func(workflow.Hooks[
 	switch {
 	case err == nil, workflow.IsRefused(err):
 		return stored.Write(c) // committed with the outcome
-	case errors.Is(err, policies.ErrLeaseLost):
+	case errors.Is(err, workflow.ErrLeaseLost):
 		// Someone took the operation over while this request waited on the
 		// provider: the outcome is theirs to record, and the key's answer
 		// is whatever it holds now.

@@ -1,9 +1,11 @@
 package web
 
 import (
+	"encoding/json"
 	"regexp"
 
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // What a customer may read of an operation. The error texts the workflow
@@ -13,24 +15,74 @@ import (
 // means for them, and timelines with addresses taken out; an admin sees
 // every text as recorded.
 
-// customerSummaries replace last_error for a customer, by status.
+// customerSummaries replace last_error for a customer, by status, while the
+// provider's answer is what is missing; refundSummaries once the policy is
+// cancelled and the refund is.
 var customerSummaries = map[string]string{
-	policies.OpInProgress:          "The provider's answer is not known yet; the cancellation will be finished automatically.",
-	policies.OpRecovering:          "The provider's answer is not known yet; the cancellation is being finished automatically.",
-	policies.OpFailed:              "The provider refused the cancellation. You may try again.",
-	policies.OpNeedsReconciliation: "The provider's answer could not be confirmed; a person is checking it.",
+	workflow.StatusInProgress:          "The provider's answer is not known yet; the cancellation will be finished automatically.",
+	workflow.StatusRecovering:          "The provider's answer is not known yet; the cancellation is being finished automatically.",
+	workflow.StatusFailed:              "The provider refused the cancellation. You may try again.",
+	workflow.StatusNeedsReconciliation: "The provider's answer could not be confirmed; a person is checking it.",
 }
 
-// customerOperation is op as its customer sees it.
-func customerOperation(op policies.Operation) policies.Operation {
+var refundSummaries = map[string]string{
+	workflow.StatusInProgress:          "The policy is cancelled; the refund's answer is not known yet and will be settled automatically.",
+	workflow.StatusRecovering:          "The policy is cancelled; the refund is being settled automatically.",
+	workflow.StatusNeedsReconciliation: "The policy is cancelled; the refund could not be confirmed, and a person is checking it.",
+}
+
+// customerOperation is op as its customer sees it: the summary for its
+// status instead of last_error, addresses out of its steps' answers.
+func customerOperation(op workflow.Operation) workflow.Operation {
 	if op.LastError != nil {
-		s, ok := customerSummaries[op.Status]
+		summaries := customerSummaries
+		if s, ok := op.Step(policies.StepProviderCancel); ok && s.State == workflow.StepDone {
+			summaries = refundSummaries
+		}
+		s, ok := summaries[op.Status]
 		if !ok {
-			s = "The provider had a problem with this cancellation."
+			s = "The cancellation met a problem; it is being looked after."
 		}
 		op.LastError = &s
 	}
+	steps := make([]workflow.StepRecord, len(op.Steps))
+	for i, st := range op.Steps {
+		st.Answer = redactJSON(st.Answer)
+		steps[i] = st
+	}
+	op.Steps = steps
 	return op
+}
+
+// customerCalls is the log of calls with addresses taken out.
+func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
+	out := make([]workflow.CallRecord, len(calls))
+	for i, c := range calls {
+		c.Detail = redactAddresses(c.Detail)
+		out[i] = c
+	}
+	return out
+}
+
+// redactJSON takes addresses out of the strings of a JSON document.
+func redactJSON(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 {
+		return raw
+	}
+	var v map[string]any
+	if json.Unmarshal(raw, &v) != nil {
+		return raw
+	}
+	for k, x := range v {
+		if s, ok := x.(string); ok {
+			v[k] = redactAddresses(s)
+		}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return b
 }
 
 // addresses are what must not reach a customer in free text: URLs and
@@ -43,8 +95,8 @@ func redactAddresses(s string) string {
 }
 
 // customerTimeline is a timeline with addresses taken out of its details.
-func customerTimeline(events []policies.Event) []policies.Event {
-	out := make([]policies.Event, len(events))
+func customerTimeline(events []workflow.Event) []workflow.Event {
+	out := make([]workflow.Event, len(events))
 	for i, e := range events {
 		e.Detail = redactAddresses(e.Detail)
 		out[i] = e

@@ -56,6 +56,8 @@ func (app *App) routes() *echo.Echo {
 	api.PUT("/payments/faults", payments.putFaults, requireAdmin)            // set one fault: global, override or script entry
 	api.GET("/payments/ledger", app.handleGetPaymentsLedger, requireAdmin)   // every charge and refund, per subject, late arrivals
 	api.POST("/payments/reset", payments.reset, requireAdmin)                // forget everything, default faults
+	api.GET("/admin/systems", app.handleListSystems, requireAdmin)           // what the app believes about each external system
+	api.PUT("/admin/systems/:name", app.handlePutSystem, requireAdmin)       // set that belief: {"believed_idempotent": bool}
 
 	// Demo mode only (DEMO_MODE=true): without it these paths do not exist.
 	if app.cfg.DemoMode {

@@ -36,6 +36,7 @@ import (
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // Config is what the HTTP layer needs from the environment (cmd/web reads
@@ -67,6 +68,7 @@ type Deps struct {
 
 	Idempotency *idempotency.Store
 	Canceller   *policies.Canceller
+	Engine      *workflow.Engine // runs every workflow; reads operations for the pages
 	Recovery    *recovery.Loop
 	Crash       *crash.Switch
 
@@ -112,6 +114,7 @@ type App struct {
 
 	idempotency *idempotency.Store
 	canceller   *policies.Canceller
+	engine      *workflow.Engine
 	crash       *crash.Switch
 	recovery    *recovery.Loop
 
@@ -155,6 +158,7 @@ func New(cfg Config, d Deps) *App {
 
 		idempotency: d.Idempotency,
 		canceller:   d.Canceller,
+		engine:      d.Engine,
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}

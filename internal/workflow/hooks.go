@@ -1,6 +1,3 @@
-// Package workflow holds what every idemlab workflow shares: the hooks that
-// tie a workflow's transactions to the request that runs it, and the step
-// engine for work that spans more than one system.
 package workflow
 
 import (

@@ -101,15 +101,23 @@ reset $((stale / 100)) 100 8
 psql -q "$url" >/dev/null <<SQL
 -- Operations whose owner died mid-call: IN_PROGRESS, lease run out a minute
 -- ago, the provider never reached (NOT_STARTED): recovery must call it.
-INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, status,
-                               owner_token, owner_id, lease_expires_at, provider_key, steps)
-SELECT id, 'CANCEL', user_id, 'bench-stale-' || id, 'IN_PROGRESS',
-       gen_random_uuid(), 'bench: a process that died', now() - interval '1 minute',
-       format('policy-%s-cancel-1', id),
-       '{"record_intent": "DONE", "provider_cancel": "PENDING", "mark_cancelled": "PENDING"}'
-  FROM policies
- ORDER BY id
- LIMIT $stale;
+WITH o AS (
+    INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, status,
+                            owner_token, owner_id, lease_expires_at)
+    SELECT id, 'CANCEL', user_id, 'bench-stale-' || id, 'IN_PROGRESS',
+           gen_random_uuid(), 'bench: a process that died', now() - interval '1 minute'
+      FROM policies
+     ORDER BY id
+     LIMIT $stale
+    RETURNING id)
+-- their steps: the intent recorded, nothing sent
+INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
+SELECT o.id, 1, s.position, s.name, o.id || ':' || s.name, s.system,
+       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END,
+       CASE WHEN s.position = 1 THEN now() END
+  FROM o,
+       (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
+               (4, 'publish_event', NULL), (5, 'refund', 'payments'), (6, 'audit', NULL)) AS s(position, name, system);
 SQL
 start_app app-2 18190
 t0=$(date +%s.%N)
@@ -117,7 +125,7 @@ live=$stale
 while :; do
 	# A cheap count on the stale-scan index, not the full invariants check:
 	# polling that every 0.2 s would compete with the recovery it measures.
-	live=$(psql -qAt "$url" -c "SELECT count(*) FROM policy_operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')")
+	live=$(psql -qAt "$url" -c "SELECT count(*) FROM operations WHERE status IN ('IN_PROGRESS', 'RECOVERING')")
 	elapsed=$(echo "$(date +%s.%N) - $t0" | bc)
 	[[ "$live" -eq 0 ]] && break
 	(($(echo "$elapsed > $recovery_wait" | bc))) && break

@@ -1,9 +1,12 @@
 -- One cancellation as the app commits it, for pgbench (scripts/bench/bench.sh).
--- The writes of internal/idempotency/store.go, internal/policies/transitions.go
--- and internal/provider/fake/state.go, in the same four commits:
---   claim tx · operation tx · provider tx · completion tx.
+-- The writes of internal/idempotency/store.go, internal/workflow/run.go (with
+-- the cancellation's steps, internal/policies/steps.go), internal/events and
+-- the two fakes, in the same commits:
+--   claim tx · tx 1 (intent, provider_cancel SENT) · the provider's tx ·
+--   tx 2 (its outcome, mark_cancelled, publish_event, refund SENT) ·
+--   the payments service's tx · tx 3 (the refund's outcome, audit, the answer).
 -- Left out, because they write nothing: the bearer-token lookup, the key
--- lookup, and the provider's fault lookup. The floor is of the commits.
+-- lookup, the fakes' fault lookups. The floor is of the commits.
 
 -- The next ACTIVE policy (the run's sequence hands each out once) and its owner.
 SELECT id AS pid, user_id AS uid FROM policies WHERE id = (SELECT nextval('pgbench_policy_seq')) \gset
@@ -11,52 +14,141 @@ SELECT id AS pid, user_id AS uid FROM policies WHERE id = (SELECT nextval('pgben
 -- 1. Claim the idempotency key (autocommit, Store.Claim).
 INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
                               lease_expires_at, created_at, expires_at)
-SELECT :uid, 'pgbench-cancel-' || :pid, sha256(('cancel ' || :pid)::bytea), 'IN_PROGRESS', gen_random_uuid(),
+SELECT :uid::bigint, 'pgbench-cancel-' || :pid::bigint, sha256(('cancel ' || :pid::bigint)::bytea), 'IN_PROGRESS', gen_random_uuid(),
        now() + interval '30 seconds', now(), now() + interval '24 hours'
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING owner_token AS key_token \gset
 
--- 2. Record the intent and its first event (StartCancellation).
+-- 2. record_intent, the steps, provider_cancel SENT and its call, the events.
 BEGIN;
-INSERT INTO policy_operations (policy_id, operation_type, user_id, idempotency_key, reason, status,
-                               owner_token, owner_id, lease_expires_at, provider_key, steps)
-SELECT id, 'CANCEL', user_id, 'pgbench-cancel-' || :pid, 'pgbench', 'IN_PROGRESS',
-       gen_random_uuid(), 'pgbench', now() + interval '30 seconds', format('policy-%s-cancel-1', id),
-       '{"record_intent": "DONE", "provider_cancel": "PENDING", "mark_cancelled": "PENDING"}'
+INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, reason, status,
+                        owner_token, owner_id, lease_expires_at)
+SELECT id, 'CANCEL', user_id, 'pgbench-cancel-' || :pid::bigint, 'pgbench', 'IN_PROGRESS',
+       gen_random_uuid(), 'pgbench', now() + interval '30 seconds'
   FROM policies
- WHERE id = :pid AND user_id = :uid AND status = 'ACTIVE'
-    ON CONFLICT DO NOTHING
+ WHERE id = :pid::bigint AND user_id = :uid::bigint AND status = 'ACTIVE'
+    ON CONFLICT (policy_id, operation_type) DO NOTHING
 RETURNING id AS opid, owner_token AS op_token \gset
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement)
-VALUES (:opid, NULL, 'IN_PROGRESS', 'pgbench', :op_token::uuid, 'cancellation requested', repeat('-', 700));
+INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
+SELECT :opid::bigint, 1, s.position, s.name, :opid::text || ':' || s.name, s.system,
+       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, CASE WHEN s.position = 1 THEN now() END
+  FROM (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
+               (4, 'publish_event', NULL), (5, 'refund', 'payments'), (6, 'audit', NULL)) AS s(position, name, system);
+WITH owner AS (
+    UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s
+   SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
+       request = coalesce(s.request, '{"policy_id": 1, "reason": "pgbench"}'), updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN');
+INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+VALUES (:opid::bigint, :opid::text || ':' || 'provider_cancel', 'call', 'provider', 'pgbench', :op_token::uuid, 1, now() + interval '2 seconds',
+        '{"policy_id": 1, "reason": "pgbench"}')
+RETURNING id AS call1 \gset
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
+SELECT :opid::bigint, NULL, 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
+  FROM unnest(ARRAY['record_intent', 'provider_cancel']) AS s;
 COMMIT;
 
 -- 3. The provider records the request and applies the effect (fake.receive).
 BEGIN;
 INSERT INTO fake_provider.requests (idempotency_key, policy_id, reason, outcome, reject_reason, completes_at)
-VALUES ('policy-' || :pid || '-cancel-1', :pid, 'pgbench', 'ACCEPTED', NULL, now())
+VALUES (:opid::text || ':' || 'provider_cancel', :pid::bigint, 'pgbench', 'ACCEPTED', NULL, now())
     ON CONFLICT (idempotency_key) DO NOTHING;
 INSERT INTO fake_provider.effects (idempotency_key, policy_id, applied_at)
-VALUES ('policy-' || :pid || '-cancel-1', :pid, now());
+VALUES (:opid::text || ':' || 'provider_cancel', :pid::bigint, now());
 COMMIT;
 
--- 4. Completion: operation SUCCEEDED, policy CANCELLED, event, the key's
---    stored answer — one commit (Canceller.Record with the handler's Finish).
+-- 4. The provider's outcome, mark_cancelled, publish_event, refund SENT.
 BEGIN;
-SELECT status FROM policy_operations WHERE id = :opid FOR UPDATE;
-UPDATE policy_operations
-   SET status = 'SUCCEEDED', provider_truth = 'COMPLETED',
-       steps = steps || '{"provider_cancel": "DONE", "mark_cancelled": "DONE"}',
-       finished_at = now(), updated_at = now()
- WHERE id = :opid AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING');
-UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid AND status = 'ACTIVE';
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement)
-VALUES (:opid, 'IN_PROGRESS', 'SUCCEEDED', 'pgbench', :op_token::uuid, 'provider confirmed the cancellation', repeat('-', 900));
+INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+VALUES (:opid::bigint, :opid::text || ':' || 'provider_cancel', 'answer', :call1::bigint, 'provider', 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5);
+WITH owner AS (
+    UPDATE operations SET updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('SENT', 'UNKNOWN');
+WITH owner AS (
+    UPDATE operations SET updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'mark_cancelled' AND s.state = 'PENDING';
+UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid::bigint AND status = 'ACTIVE';
+WITH owner AS (
+    UPDATE operations SET updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'publish_event' AND s.state = 'PENDING';
+SELECT number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
+                     / (coverage_end - coverage_start))::bigint AS cents
+  FROM policies WHERE id = :pid::bigint \gset
+INSERT INTO outbox (id, type, key, payload, transport, status)
+SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING' FROM events_config c;
+SELECT number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
+                     / (coverage_end - coverage_start))::bigint AS cents
+  FROM policies WHERE id = :pid::bigint \gset
+WITH owner AS (
+    UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s
+   SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
+       request = coalesce(s.request, '{"policy_id": 1, "amount_cents": 100}'), updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN');
+INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+VALUES (:opid::bigint, :opid::text || ':' || 'refund', 'call', 'payments', 'pgbench', :op_token::uuid, 1, now() + interval '2 seconds',
+        '{"policy_id": 1, "amount_cents": 100}')
+RETURNING id AS call2 \gset
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
+SELECT :opid::bigint, 'IN_PROGRESS', 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
+  FROM unnest(ARRAY['provider_cancel', 'mark_cancelled', 'publish_event', 'refund']) AS s;
+COMMIT;
+
+-- 5. The payments service records the refund and moves the money (fake receiveRefund).
+BEGIN;
+INSERT INTO fake_payments.refunds (idempotency_key, policy_id, amount_cents, reason, outcome, completes_at)
+VALUES (:opid::text || ':' || 'refund', :pid::bigint, :cents::bigint, 'pgbench', 'ACCEPTED', now())
+    ON CONFLICT (idempotency_key) DO NOTHING;
+INSERT INTO fake_payments.ledger (kind, idempotency_key, policy_id, amount_cents, applied_at)
+VALUES ('refund', :opid::text || ':' || 'refund', :pid::bigint, :cents::bigint, now());
+COMMIT;
+
+-- 6. The refund's outcome, audit, SUCCEEDED, the events, the key's stored
+--    answer — one commit (the workflow with the handler's Finish).
+BEGIN;
+INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+VALUES (:opid::bigint, :opid::text || ':' || 'refund', 'answer', :call2::bigint, 'payments', 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'payments confirmed', 5);
+WITH owner AS (
+    UPDATE operations SET updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('SENT', 'UNKNOWN');
+WITH owner AS (
+    UPDATE operations SET updated_at = now()
+     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id)
+UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'audit' AND s.state = 'PENDING';
+INSERT INTO audit_entries (operation_id, step_key, actor, summary, facts)
+VALUES (:opid::bigint, :opid::text || ':' || 'audit', 'pgbench', 'policy cancelled', '{"policy_id": 1}');
+UPDATE operations
+   SET status = 'SUCCEEDED', released = NULL, next_attempt_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
+ WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING');
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
+SELECT :opid::bigint, 'IN_PROGRESS', s.to_status, 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s.step
+  FROM (VALUES ('IN_PROGRESS', 'refund'), ('IN_PROGRESS', 'audit'), ('SUCCEEDED', NULL)) AS s(to_status, step);
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = 200,
        response_headers = '{"Content-Type": ["application/json"]}',
-       response_body = convert_to(repeat('x', 700), 'UTF8'),
+       response_body = convert_to(repeat('x', 2500), 'UTF8'),
        completed_at = now(), expires_at = now() + interval '24 hours'
- WHERE user_id = :uid AND idempotency_key = 'pgbench-cancel-' || :pid
+ WHERE user_id = :uid::bigint AND idempotency_key = 'pgbench-cancel-' || :pid::bigint
    AND owner_token = :key_token::uuid AND status = 'IN_PROGRESS';
 COMMIT;

@@ -1,0 +1,258 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/recovery"
+)
+
+// This file is how the recovery loop takes over operations of every kind:
+// the claim, in both strategies, and the lag it reports. One claimer for
+// the one operations table; the loop dispatches each claim by its type.
+
+var (
+	_ recovery.Claimer   = (*Engine)(nil)
+	_ recovery.Recoverer = (*Engine)(nil)
+)
+
+// A stale operation: live (IN_PROGRESS or RECOVERING), its lease over, its
+// backoff (if any) over. $1 is the clock (database.Clock).
+var staleCondition = `status IN ('IN_PROGRESS', 'RECOVERING')
+       AND lease_expires_at < ` + database.Now(1) + ` -- its owner looks dead, or let it go
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ` + database.Now(1) + `) -- its backoff is over`
+
+// claimSet is what every claim does to the operation it takes.
+const claimSet = `
+   SET status = 'RECOVERING',
+       owner_token = gen_random_uuid(), -- the new fence: the old owner's writes now match nothing
+       owner_id = $3,
+       lease_expires_at = now() + make_interval(secs => $4),
+       released = NULL,
+       updated_at = now()`
+
+var sqlClaimSkipLocked = `
+WITH stale AS (
+    SELECT id AS stale_id, status AS was, released AS was_released
+      FROM operations
+     WHERE ` + staleCondition + `
+     ORDER BY lease_expires_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED -- rows another worker is claiming right now are skipped, not waited for
+)
+UPDATE operations` + claimSet + `
+  FROM stale
+ WHERE id = stale.stale_id
+RETURNING was, was_released, ` + opColumns
+
+var sqlStaleCandidates = `
+SELECT id, status
+  FROM operations
+ WHERE ` + staleCondition + `
+ ORDER BY lease_expires_at
+ LIMIT $2 -- no lock: the claim below re-checks everything`
+
+var sqlClaimTransition = `
+WITH seen AS (
+    SELECT released AS was_released
+      FROM operations
+     WHERE id = $2
+)
+UPDATE operations` + claimSet + `
+  FROM seen
+ WHERE id = $2
+   AND status = $5 -- still in the state we saw …
+   AND ` + staleCondition + ` -- … and still stale: 0 rows means another worker claimed it first
+RETURNING $5::text, was_released, ` + opColumns
+
+// An operation waiting for a person is asked again when next_attempt_at
+// comes. The claim only moves next_attempt_at out of the other workers'
+// way while it asks: status and updated_at stay, so a person's open
+// decision form stays valid.
+var sqlClaimReask = `
+WITH due AS (
+    SELECT id AS due_id
+      FROM operations
+     WHERE status = 'NEEDS_RECONCILIATION'
+       AND next_attempt_at <= ` + database.Now(1) + `
+     ORDER BY next_attempt_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED -- another worker is asking it right now
+)
+UPDATE operations
+   SET next_attempt_at = now() + make_interval(secs => $3) -- held while asked; the question sets the next time
+  FROM due
+ WHERE id = due.due_id
+RETURNING ` + opColumns
+
+// ClaimStale claims up to req.Limit stale operations for req.Actor under a
+// new owner token and a lease of req.Lease, recording a claimed event for
+// each in the claim's transaction — then, with the places left, operations
+// waiting for a person that are due to be asked again. See
+// recovery.Strategy for the two ways; both are safe with any number of
+// workers.
+func (e *Engine) ClaimStale(ctx context.Context, req recovery.ClaimRequest) ([]recovery.Claim, error) {
+	var claims []recovery.Claim
+	var err error
+	switch req.Strategy {
+	case recovery.SkipLocked:
+		claims, err = e.claimSkipLocked(ctx, req)
+	case recovery.Transition:
+		claims, err = e.claimByTransition(ctx, req)
+	default:
+		return nil, fmt.Errorf("workflow: claim: unknown strategy %q", req.Strategy)
+	}
+	if err != nil || len(claims) >= req.Limit {
+		return claims, err
+	}
+	reasks, err := e.claimReasks(ctx, req, req.Limit-len(claims))
+	return append(claims, reasks...), err
+}
+
+// claimSkipLocked claims a whole batch in one transaction: lock what nobody
+// else holds, transition it, record the events, commit.
+func (e *Engine) claimSkipLocked(ctx context.Context, req recovery.ClaimRequest) ([]recovery.Claim, error) {
+	var claims []recovery.Claim
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		claims = claims[:0] // a retried transaction starts over
+		rows, err := tx.Query(ctx, sqlClaimSkipLocked, e.cfg.Clock.Arg(), req.Limit, req.Actor, req.Lease.Seconds())
+		if err != nil {
+			return err
+		}
+		var batch []claimed
+		for rows.Next() {
+			var c claimed
+			if c.op, err = scanOperation(rows, &c.was, &c.released); err != nil {
+				rows.Close()
+				return err
+			}
+			batch = append(batch, c)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, c := range batch {
+			claim := c.claim(req)
+			if err := recordClaim(ctx, tx, c.op, claim, sqlClaimSkipLocked); err != nil {
+				return err
+			}
+			claims = append(claims, claim)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workflow: claim stale (skip-locked): %w", err)
+	}
+	return claims, nil
+}
+
+// claimByTransition reads candidates without locking, then claims each with
+// one conditional UPDATE in its own short transaction. Workers that saw the
+// same candidate race on the row; the loser's re-check finds it no longer
+// stale and gets 0 rows.
+func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimRequest) ([]recovery.Claim, error) {
+	rows, err := e.pool.Query(ctx, sqlStaleCandidates, e.cfg.Clock.Arg(), req.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: stale candidates: %w", err)
+	}
+	type candidate struct {
+		ID     int64
+		Status string
+	}
+	candidates, err := pgx.CollectRows(rows, pgx.RowToStructByPos[candidate])
+	if err != nil {
+		return nil, fmt.Errorf("workflow: stale candidates: %w", err)
+	}
+	var claims []recovery.Claim
+	for _, cand := range candidates {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var c claimed
+			var err error
+			c.op, err = scanOperation(tx.QueryRow(ctx, sqlClaimTransition,
+				e.cfg.Clock.Arg(), cand.ID, req.Actor, req.Lease.Seconds(), cand.Status), &c.was, &c.released)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // someone else claimed it (or it finished): not ours
+			}
+			if err != nil {
+				return err
+			}
+			claim := c.claim(req)
+			claims = append(claims, claim)
+			return recordClaim(ctx, tx, c.op, claim, sqlClaimTransition)
+		})
+		if err != nil {
+			return claims, fmt.Errorf("workflow: claim stale (transition): %w", err)
+		}
+	}
+	return claims, nil
+}
+
+// claimReasks claims up to limit operations waiting for a person whose next
+// question is due. It takes no ownership: see Engine.Recover.
+func (e *Engine) claimReasks(ctx context.Context, req recovery.ClaimRequest, limit int) ([]recovery.Claim, error) {
+	rows, err := e.pool.Query(ctx, sqlClaimReask, e.cfg.Clock.Arg(), limit, req.Lease.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("workflow: claim re-asks: %w", err)
+	}
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	if err != nil {
+		return nil, fmt.Errorf("workflow: claim re-asks: %w", err)
+	}
+	claims := make([]recovery.Claim, len(ops))
+	for i, op := range ops {
+		claims[i] = recovery.Claim{ID: op.ID, Type: op.Type, From: StatusNeedsReconciliation, Actor: req.Actor,
+			Reason: "waiting for a person and due to be asked again", SeenUpdatedAt: op.UpdatedAt}
+	}
+	return claims, nil
+}
+
+// claimed is one operation a claim statement returned, with what it was.
+type claimed struct {
+	op       Operation
+	was      string
+	released *string
+}
+
+func (c claimed) claim(req recovery.ClaimRequest) recovery.Claim {
+	return recovery.Claim{ID: c.op.ID, Type: c.op.Type, Token: *c.op.OwnerToken, From: c.was,
+		Reason: claimReason(c.released), Actor: req.Actor, SeenUpdatedAt: c.op.UpdatedAt}
+}
+
+// claimReason says why an operation was claimable, from how its lease ended.
+func claimReason(released *string) string {
+	switch deref(released) {
+	case ReleasedHandedOver:
+		return "handed over on purpose: its owner met an outcome it could not know and ended its lease"
+	case ReleasedBackedOff:
+		return "its backoff is over"
+	case ReleasedRetryRequested:
+		return "a person asked for another try"
+	default:
+		return "its owner's lease ran out: the owner looks dead"
+	}
+}
+
+func recordClaim(ctx context.Context, tx pgx.Tx, op Operation, c recovery.Claim, statement string) error {
+	return recordEvent(ctx, tx, event{op: op, from: c.From, actor: c.Actor, branch: BranchClaimed,
+		detail: "claimed for recovery: " + c.Reason, statement: statement})
+}
+
+// StaleAge is how long the oldest stale operation has been claimable.
+func (e *Engine) StaleAge(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := e.pool.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM
+		           `+database.Now(1)+`
+		           - min(greatest(lease_expires_at, coalesce(next_attempt_at, lease_expires_at)))), 0)
+		  FROM operations
+		 WHERE `+staleCondition, e.cfg.Clock.Arg()).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: stale age: %w", err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}

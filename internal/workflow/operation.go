@@ -1,0 +1,176 @@
+package workflow
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Operation statuses. IN_PROGRESS and RECOVERING are ownership states, not
+// answers: someone holds the operation under a lease and the truth of its
+// current step is not known yet. The other three are terminal as far as the
+// workflow goes (NEEDS_RECONCILIATION waits for a person, and is asked again
+// now and then: see Engine.Recover).
+const (
+	StatusInProgress          = "IN_PROGRESS"
+	StatusRecovering          = "RECOVERING"
+	StatusSucceeded           = "SUCCEEDED"
+	StatusFailed              = "FAILED"
+	StatusNeedsReconciliation = "NEEDS_RECONCILIATION"
+)
+
+// Statuses lists them, live ones first.
+var Statuses = []string{StatusInProgress, StatusRecovering, StatusSucceeded, StatusFailed, StatusNeedsReconciliation}
+
+// Step states. PENDING: not reached yet. SENT: an external call is recorded,
+// with its deadline, and may be on its way. DONE and FAILED: the outcome is
+// known. UNKNOWN: a call was made and its outcome is not known.
+const (
+	StepPending = "PENDING"
+	StepSent    = "SENT"
+	StepDone    = "DONE"
+	StepFailed  = "FAILED"
+	StepUnknown = "UNKNOWN"
+)
+
+// Why a live operation's lease ended early (operations.released).
+const (
+	ReleasedHandedOver     = "handed_over"     // its owner met an unknown outcome and gave it to recovery
+	ReleasedBackedOff      = "backed_off"      // an attempt learned nothing; claimable at next_attempt_at
+	ReleasedRetryRequested = "retry_requested" // a person asked for another try
+)
+
+var (
+	// ErrLeaseLost: the caller no longer owns the operation (its lease ran
+	// out and someone else took over, or it is already finished). The
+	// transaction that got it rolls back; the refusal is counted.
+	ErrLeaseLost = errors.New("workflow: lease lost: another worker owns the operation now")
+	// ErrNotFound is returned for an unknown operation and for another
+	// customer's operation alike.
+	ErrNotFound = errors.New("workflow: operation not found")
+)
+
+// Operation is one business intent and everything known about it. Steps
+// are those of its current run, in order.
+type Operation struct {
+	ID             int64        `json:"id"`
+	Type           string       `json:"operation_type"`
+	PolicyID       int64        `json:"policy_id,omitempty"`
+	BookingID      int64        `json:"booking_id,omitempty"`
+	UserID         int64        `json:"user_id"`
+	IdempotencyKey string       `json:"idempotency_key"`
+	Reason         string       `json:"reason"`
+	Status         string       `json:"status"`
+	OwnerToken     *string      `json:"owner_token"`
+	OwnerID        *string      `json:"owner_id"`
+	LeaseExpiresAt *time.Time   `json:"lease_expires_at"`
+	Released       *string      `json:"released"`
+	Run            int          `json:"run"`
+	Attempts       int          `json:"attempts"`
+	NextAttemptAt  *time.Time   `json:"next_attempt_at"`
+	LastError      *string      `json:"last_error"`
+	CreatedAt      time.Time    `json:"created_at"`
+	UpdatedAt      time.Time    `json:"updated_at"`
+	FinishedAt     *time.Time   `json:"finished_at"`
+	Steps          []StepRecord `json:"steps"`
+}
+
+// Terminal reports whether nothing more will happen to op on its own.
+func (op Operation) Terminal() bool {
+	return op.Status == StatusSucceeded || op.Status == StatusFailed || op.Status == StatusNeedsReconciliation
+}
+
+// Step returns the step called name in op's current run.
+func (op Operation) Step(name string) (StepRecord, bool) {
+	for _, s := range op.Steps {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return StepRecord{}, false
+}
+
+// current is the index of the first step not DONE (len(Steps) when all are).
+func (op Operation) current() int {
+	for i, s := range op.Steps {
+		if s.State != StepDone {
+			return i
+		}
+	}
+	return len(op.Steps)
+}
+
+// StepRecord is one step of one run, as the database has it.
+type StepRecord struct {
+	Position   int             `json:"position"`
+	Name       string          `json:"name"`
+	Key        string          `json:"key"`
+	System     *string         `json:"system"` // nil: a local step
+	State      string          `json:"state"`
+	Attempts   int             `json:"attempts"`
+	DeadlineAt *time.Time      `json:"deadline_at"`
+	SentAt     *time.Time      `json:"sent_at"`
+	FinishedAt *time.Time      `json:"finished_at"`
+	Request    json.RawMessage `json:"request"`
+	Answer     json.RawMessage `json:"answer"`
+	Truth      *string         `json:"truth"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+}
+
+// External reports whether the step calls another system.
+func (s StepRecord) External() bool { return s.System != nil }
+
+// StepKey is the idempotency key of a step's call: {operation}:{step}, plus
+// :{run} once a FAILED operation has been started again. It is derived from
+// what the step is, never from a random value or a position in a list, so
+// every retry — by the request, after a crash, after a restart, by the
+// recovery loop on another instance — sends the same call.
+func StepKey(operationID int64, step string, run int) string {
+	if run <= 1 {
+		return fmt.Sprintf("%d:%s", operationID, step)
+	}
+	return fmt.Sprintf("%d:%s:%d", operationID, step, run)
+}
+
+// opColumns is the select list scanOperation reads, in order.
+const opColumns = `id, operation_type, coalesce(policy_id, 0), coalesce(booking_id, 0), user_id, idempotency_key,
+	reason, status, owner_token::text, owner_id, lease_expires_at, released, run, attempts, next_attempt_at,
+	last_error, created_at, updated_at, finished_at`
+
+func scanOperation(row pgx.Row, prefix ...any) (Operation, error) {
+	var op Operation
+	err := row.Scan(append(prefix, &op.ID, &op.Type, &op.PolicyID, &op.BookingID, &op.UserID, &op.IdempotencyKey,
+		&op.Reason, &op.Status, &op.OwnerToken, &op.OwnerID, &op.LeaseExpiresAt, &op.Released, &op.Run, &op.Attempts,
+		&op.NextAttemptAt, &op.LastError, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt)...)
+	return op, err
+}
+
+// stepColumns is the select list scanStep reads, in order.
+const stepColumns = `position, name, step_key, system, state, attempts, deadline_at, sent_at, finished_at,
+	request, answer, truth, updated_at`
+
+func scanStep(row pgx.Row) (StepRecord, error) {
+	var s StepRecord
+	err := row.Scan(stepDest(&s)...)
+	return s, err
+}
+
+func stepDest(s *StepRecord) []any {
+	return []any{&s.Position, &s.Name, &s.Key, &s.System, &s.State, &s.Attempts, &s.DeadlineAt, &s.SentAt,
+		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt}
+}
+
+// OperationColumns is the operation select list for other packages' reads
+// that join operations to their own tables (a policy's page); ScanOperation
+// reads it after any columns of their own.
+const OperationColumns = opColumns
+
+// ScanOperation reads OperationColumns from row, after prefix.
+func ScanOperation(row pgx.Row, prefix ...any) (Operation, error) {
+	return scanOperation(row, prefix...)
+}
+
+func ptr[T any](v T) *T { return &v }

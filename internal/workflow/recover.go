@@ -1,0 +1,524 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/recovery"
+)
+
+// The branches of the decision tree, as recorded on the timeline (column
+// operation_events.branch) and shown on the recovery page.
+const (
+	BranchClaimed        = "claimed"           // a recovery worker took the operation over
+	BranchResumed        = "resumed"           // the first step not DONE had not started: run on from it
+	BranchCompleted      = "completed"         // the system says COMPLETED: finish the step locally
+	BranchRejected       = "rejected"          // the system says REJECTED: the step FAILED
+	BranchNotStarted     = "not_started"       // NOT_STARTED and every deadline passed: the same call again, same key
+	BranchNotStartedWait = "not_started_wait"  // NOT_STARTED, but an earlier call may still be on its way: wait
+	BranchPoll           = "poll"              // RUNNING or unreachable: wait, renew the lease, ask again
+	BranchRetryUnknown   = "retry_unknown"     // still unknown, the system believed idempotent: the same call again
+	BranchBackoff        = "backoff"           // the attempt learned nothing: try again later
+	BranchReconciliation = "reconciliation"    // a person decides
+	BranchReasked        = "reasked"           // waiting for a person, asked again: the truth is known now
+	BranchResolved       = "resolved_by_admin" // a person decided (reconcile.go)
+)
+
+// Recover is the recovery loop's Recoverer for every registered workflow.
+// It resumes the claimed operation at its first step not DONE:
+//
+//	a local step, or an external one never sent → run on from it
+//	an external step SENT or UNKNOWN → ask its system for the truth of its key:
+//	  COMPLETED   → the step is DONE; run on (through the request's code path)
+//	  REJECTED    → the step FAILED: the operation fails, or a person decides
+//	  NOT_STARTED → conclusive only once the deadline of every earlier attempt
+//	                (plus b.ClockSkew) has passed: then the same call, same key;
+//	                before that a call may still be on its way — wait
+//	  RUNNING, or the system cannot be asked →
+//	      poll: renew the lease (fenced), wait (doubling), ask again — at most b.MaxPolls
+//	      still RUNNING → back off and ask later
+//	      unreachable → the system believed idempotent: the same call again;
+//	                    otherwise back off and ask later (never a blind retry)
+//	  out of attempts → the status query just made was the last: a person decides
+//
+// An operation waiting for a person is asked again when due (c.From
+// NEEDS_RECONCILIATION); a conclusive truth takes it back and finishes it.
+// Every write is fenced by c.Token. Losing the lease ends the attempt with
+// OutcomeFenced and nothing written: the new owner decides.
+func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (recovery.Result, error) {
+	def, ok := e.defs[c.Type]
+	if !ok {
+		return recovery.Result{}, fmt.Errorf("workflow: no definition for %q", c.Type)
+	}
+	op, err := e.operation(ctx, e.pool, c.ID)
+	if err != nil {
+		return recovery.Result{}, err
+	}
+	r := e.runner(def, op, c.Actor)
+	r.token = c.Token
+	a := &attempt{r: r, claim: c, budget: b}
+	var res recovery.Result
+	if c.From == StatusNeedsReconciliation {
+		res, err = a.reask(ctx)
+	} else {
+		res, err = a.resume(ctx)
+	}
+	res.Polls = a.polls
+	if errors.Is(err, ErrLeaseLost) {
+		return recovery.Result{Outcome: recovery.OutcomeFenced, Branch: res.Branch, Polls: a.polls}, nil
+	}
+	return res, err
+}
+
+// attempt is one recovery attempt of one operation by one claimer.
+type attempt struct {
+	r      *runner
+	claim  recovery.Claim
+	budget recovery.Budget
+	polls  int
+	// the last status query's answer
+	truth  external.Truth
+	askErr error
+}
+
+func (a *attempt) resume(ctx context.Context) (recovery.Result, error) {
+	op := a.r.op
+	i := op.current()
+	if i == len(op.Steps) {
+		return a.finishRun(ctx, BranchResumed, "every step was done")
+	}
+	rec := op.Steps[i]
+	switch {
+	case rec.State == StepPending:
+		return a.finishRun(ctx, BranchResumed, "resumed at "+rec.Name+", which had not started")
+	case rec.External() && (rec.State == StepSent || rec.State == StepUnknown):
+		return a.decide(ctx, i)
+	default:
+		return a.handToPerson(ctx, fmt.Sprintf("step %s is %s while the operation is live", rec.Name, rec.State))
+	}
+}
+
+// decide runs the decision tree on external step i.
+func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
+	rec := a.r.record(i)
+	system := *rec.System
+	for {
+		a.ask(ctx, i)
+		if a.askErr == nil {
+			switch a.truth {
+			case external.TruthCompleted:
+				return a.learned(ctx, i, BranchCompleted, system+" says COMPLETED: finished locally, no second call")
+			case external.TruthRejected:
+				return a.learned(ctx, i, BranchRejected, system+" says REJECTED: nothing was applied")
+			case external.TruthNotStarted:
+				wait, err := a.untilConclusive(ctx, i)
+				if err != nil {
+					return recovery.Result{}, err
+				}
+				if wait <= 0 {
+					return a.resend(ctx, i, BranchNotStarted, fmt.Sprintf("%s has no record of %s and every earlier attempt's deadline "+
+						"(+%s for clock skew) has passed, so none can still arrive: sent again with the same key", system, rec.Key, a.budget.ClockSkew))
+				}
+				why := fmt.Sprintf("%s has no record of %s yet, but an earlier attempt may still be on its way "+
+					"(a status answer describes the past, not the requests still in flight) until its deadline +%s for clock skew, %s from now",
+					system, rec.Key, a.budget.ClockSkew, wait.Round(time.Millisecond))
+				if wait > a.budget.Lease/2 {
+					return a.backOff(ctx, i, BranchNotStartedWait, why+": asking again then", wait, false)
+				}
+				if err := a.renew(ctx, i, BranchNotStartedWait, why+": lease renewed, asking again then", wait); err != nil {
+					return recovery.Result{Branch: BranchNotStartedWait}, err
+				}
+				if !sleep(ctx, wait) {
+					return recovery.Result{Branch: BranchNotStartedWait}, ctx.Err()
+				}
+				continue
+			}
+		}
+		if a.r.op.Attempts >= a.budget.MaxAttempts {
+			// The status query just made was the last one.
+			return a.handToPerson(ctx, fmt.Sprintf("%s after %d attempts (of %d); last status query: %s",
+				rec.Name, a.r.op.Attempts, a.budget.MaxAttempts, a.seen(system)))
+		}
+		if a.polls == a.budget.MaxPolls {
+			break
+		}
+		a.polls++
+		wait := a.budget.PollWait(a.polls)
+		detail := fmt.Sprintf("poll %d/%d: %s; lease renewed, asking again in %s", a.polls, a.budget.MaxPolls, a.seen(system), wait)
+		if err := a.renew(ctx, i, BranchPoll, detail, wait); err != nil {
+			return recovery.Result{Branch: BranchPoll}, err
+		}
+		if !sleep(ctx, wait) {
+			return recovery.Result{Branch: BranchPoll}, ctx.Err()
+		}
+	}
+
+	// Polling is over and the outcome is still unknown.
+	seen := fmt.Sprintf("after %d polls %s", a.polls, a.seen(system))
+	if a.askErr == nil { // RUNNING: the system has the call; asking again later is all there is to do
+		return a.backOff(ctx, i, BranchBackoff, seen, 0, true)
+	}
+	b, err := a.r.e.Belief(ctx, system)
+	if err != nil {
+		return recovery.Result{}, err
+	}
+	if b.Idempotent {
+		return a.resend(ctx, i, BranchRetryUnknown, seen+"; "+b.says()+", so the same call was sent again")
+	}
+	return a.backOff(ctx, i, BranchBackoff, seen+"; "+b.says()+": calling again could apply it twice, so recovery asks again later", 0, true)
+}
+
+// ask queries the truth of step i's key; the answer is appended to
+// operation_calls with the next write.
+func (a *attempt) ask(ctx context.Context, i int) {
+	rec := a.r.record(i)
+	st, _ := a.r.def.step(rec.Name)
+	start := time.Now()
+	a.truth, a.askErr = st.Call.Status(ctx, rec.Key)
+	a.r.asked = append(a.r.asked, asked{key: rec.Key, system: *rec.System, truth: a.truth, err: a.askErr, took: time.Since(start)})
+}
+
+// seen says in words what the last status query told.
+func (a *attempt) seen(system string) string {
+	if a.askErr != nil {
+		return system + " could not be asked (" + a.askErr.Error() + ")"
+	}
+	return system + " says " + string(a.truth)
+}
+
+// untilConclusive is how long until NOT_STARTED for step i is conclusive:
+// the latest deadline any attempt carried, plus the clock-skew margin,
+// minus now on the database clock. ≤ 0: conclusive now.
+func (a *attempt) untilConclusive(ctx context.Context, i int) (time.Duration, error) {
+	var secs float64
+	err := a.r.e.pool.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM deadline_at + make_interval(secs => $2) - `+database.Now(3)+`), 0)
+		  FROM operation_steps
+		 WHERE step_key = $1`, a.r.record(i).Key, a.budget.ClockSkew.Seconds(), a.r.e.cfg.Clock.Arg()).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: deadline of %s: %w", a.r.record(i).Key, err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// learned records a truth learned by a status query — COMPLETED or
+// REJECTED — as step i's outcome, through the code path a call's answer
+// takes, and runs on.
+func (a *attempt) learned(ctx context.Context, i int, branch, why string) (recovery.Result, error) {
+	a.r.branch = branch
+	outcome := external.Confirmed
+	if a.truth == external.TruthRejected {
+		outcome = external.Rejected
+	}
+	got := answer{res: external.Result{Outcome: outcome, Truth: a.truth, Reason: "its status says " + string(a.truth)}, why: why}
+	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
+		return a.r.recordAnswer(ctx, tx, &pending{index: i}, got, a.onUnknown)
+	})
+}
+
+// resend makes step i's call again — same key, same request, a new
+// deadline — and runs on with its outcome.
+func (a *attempt) resend(ctx context.Context, i int, branch, why string) (recovery.Result, error) {
+	a.r.branch = branch
+	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return nil, err
+		}
+		if err := a.r.event(ctx, tx, a.r.op.Status, a.r.record(i).Name, why, ""); err != nil {
+			return nil, err
+		}
+		st, _ := a.r.def.step(a.r.record(i).Name)
+		p, _, err := a.r.sent(ctx, tx, i, st)
+		return p, err
+	})
+}
+
+// finishRun runs on from the first step not DONE in one transaction, then
+// drives the calls that follow.
+func (a *attempt) finishRun(ctx context.Context, branch, why string) (recovery.Result, error) {
+	a.r.branch = branch
+	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
+		if err := a.r.event(ctx, tx, a.r.op.Status, "", why, ""); err != nil {
+			return nil, err
+		}
+		return a.r.advance(ctx, tx, true)
+	})
+}
+
+// run commits first's writes, drives the calls they lead to, and reports
+// how the attempt ended.
+func (a *attempt) run(ctx context.Context, first func(ctx context.Context, tx pgx.Tx) (*pending, error)) (recovery.Result, error) {
+	var next *pending
+	err := a.write(ctx, func(tx pgx.Tx) error {
+		var err error
+		next, err = first(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return recovery.Result{Branch: a.r.branch}, err
+	}
+	if _, err := a.r.drive(ctx, next, a.onUnknown, Hooks[Operation]{}); err != nil {
+		return recovery.Result{Branch: a.r.branch}, err
+	}
+	return a.result(), nil
+}
+
+// onUnknown is recovery's answer to a call whose outcome is unknown: back
+// off; the next attempt asks first (and, out of attempts, a person decides).
+func (a *attempt) onUnknown(ctx context.Context, tx pgx.Tx, why string) error {
+	attempts := a.r.op.Attempts + 1
+	wait := a.budget.BackoffAfter(attempts)
+	detail := fmt.Sprintf("%s — attempt %d of %d; asking again in %s", why, attempts, a.budget.MaxAttempts, wait)
+	a.r.branch = BranchBackoff
+	return a.r.transition(ctx, tx, sqlBackOff, detail, why, wait.Seconds(), 1)
+}
+
+// result is how the attempt ended, read from the operation as written.
+func (a *attempt) result() recovery.Result {
+	res := recovery.Result{Branch: a.r.branch}
+	switch a.r.op.Status {
+	case StatusSucceeded:
+		res.Outcome = recovery.OutcomeSucceeded
+	case StatusFailed:
+		res.Outcome = recovery.OutcomeFailed
+	case StatusNeedsReconciliation:
+		res.Outcome = recovery.OutcomeReconcile
+	default:
+		res.Outcome = recovery.OutcomeBackedOff
+	}
+	return res
+}
+
+const sqlRenewLease = `
+UPDATE operations
+   SET lease_expires_at = now() + make_interval(secs => $3), -- covers the next wait and the call after it
+       updated_at = now()` + opFence
+
+// renew extends the lease to cover wait and the next call, and notes the
+// last status query on the step, before the worker waits.
+func (a *attempt) renew(ctx context.Context, i int, branch, detail string, wait time.Duration) error {
+	a.r.branch = branch
+	return a.write(ctx, func(tx pgx.Tx) error {
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return err
+		}
+		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
+			return err
+		}
+		return a.r.transition(ctx, tx, sqlRenewLease, detail, (a.budget.Lease + wait).Seconds())
+	})
+}
+
+// sqlBackOff releases the operation until $4 seconds from now; $5 is how
+// many attempts this costs (0: waiting for a deadline costs none).
+const sqlBackOff = `
+UPDATE operations
+   SET attempts = attempts + $5,
+       next_attempt_at = now() + make_interval(secs => $4), -- no worker claims it before then
+       lease_expires_at = now(), -- released: claimable again once next_attempt_at passes
+       released = 'backed_off',
+       last_error = $3,
+       updated_at = now()` + opFence
+
+// backOff ends an attempt that learned nothing: claimable again after wait
+// (0: the budget's growing backoff), costing an attempt when counts.
+func (a *attempt) backOff(ctx context.Context, i int, branch, why string, wait time.Duration, counts bool) (recovery.Result, error) {
+	a.r.branch = branch
+	cost, attempts := 0, a.r.op.Attempts
+	if counts {
+		cost, attempts = 1, attempts+1
+	}
+	if wait <= 0 {
+		wait = a.budget.BackoffAfter(attempts)
+	}
+	detail := fmt.Sprintf("%s — attempt %d of %d; next attempt in %s", why, attempts, a.budget.MaxAttempts, wait.Round(time.Millisecond))
+	if !counts {
+		detail = fmt.Sprintf("%s (no attempt used); next look in %s", why, wait.Round(time.Millisecond))
+	}
+	err := a.write(ctx, func(tx pgx.Tx) error {
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return err
+		}
+		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
+			return err
+		}
+		return a.r.transition(ctx, tx, sqlBackOff, detail, why, wait.Seconds(), cost)
+	})
+	if err != nil {
+		return recovery.Result{Branch: branch}, err
+	}
+	return recovery.Result{Outcome: recovery.OutcomeBackedOff, Branch: branch}, nil
+}
+
+// handToPerson sends the operation to reconciliation, right after a status
+// query that could not settle it: recovery asks again at the re-ask
+// interval, and finishes it itself if the truth becomes known.
+func (a *attempt) handToPerson(ctx context.Context, why string) (recovery.Result, error) {
+	a.r.branch = BranchReconciliation
+	reask := a.reaskAt(1)
+	err := a.write(ctx, func(tx pgx.Tx) error {
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return err
+		}
+		return a.r.reconcile(ctx, tx, &reask, why)
+	})
+	if err != nil {
+		return recovery.Result{Branch: BranchReconciliation}, err
+	}
+	return recovery.Result{Outcome: recovery.OutcomeReconcile, Branch: BranchReconciliation}, nil
+}
+
+// reaskAt is when an operation waiting for a person is asked again after
+// its n-th question: the re-ask interval, doubling, capped.
+func (a *attempt) reaskAt(n int) time.Time {
+	return time.Now().Add(a.budget.ReaskAfter(n))
+}
+
+// write runs f in a transaction of its own; a fenced write is counted.
+func (a *attempt) write(ctx context.Context, f func(tx pgx.Tx) error) error {
+	return a.r.fenced(ctx, a.r.inTx(ctx, f))
+}
+
+// reask is the periodic question to an operation waiting for a person: ask
+// the truth of its stuck step. Conclusive → take the operation back from
+// reconciliation (only if nobody decided meanwhile) and finish it as
+// recovery would have. Not conclusive → it keeps waiting, asked again
+// later; nothing a person is looking at changes.
+func (a *attempt) reask(ctx context.Context) (recovery.Result, error) {
+	op := a.r.op
+	i := op.current()
+	if i == len(op.Steps) || !op.Steps[i].External() || (op.Steps[i].State != StepSent && op.Steps[i].State != StepUnknown) {
+		return recovery.Result{Outcome: recovery.OutcomeReasked}, a.r.e.stopReasking(ctx, op.ID)
+	}
+	rec := op.Steps[i]
+	a.ask(ctx, i)
+	conclusive := a.askErr == nil && (a.truth == external.TruthCompleted || a.truth == external.TruthRejected)
+	if a.askErr == nil && a.truth == external.TruthNotStarted {
+		wait, err := a.untilConclusive(ctx, i)
+		if err != nil {
+			return recovery.Result{}, err
+		}
+		conclusive = wait <= 0
+	}
+	if !conclusive {
+		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, a.stillWaiting(ctx)
+	}
+	taken, err := a.takeBack(ctx, fmt.Sprintf("asked again while waiting for a person: %s — recovery finishes it, no decision needed", a.seen(*rec.System)))
+	if err != nil || !taken {
+		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, err
+	}
+	if a.truth == external.TruthNotStarted {
+		return a.resend(ctx, i, BranchNotStarted, fmt.Sprintf("%s has no record of %s and every deadline has passed: sent again with the same key", *rec.System, rec.Key))
+	}
+	return a.learned(ctx, i, BranchReasked, a.seen(*rec.System))
+}
+
+const sqlTakeBack = `
+UPDATE operations
+   SET status = 'RECOVERING',
+       owner_token = gen_random_uuid(), -- the reasking worker becomes the owner
+       owner_id = $3,
+       lease_expires_at = now() + make_interval(secs => $4),
+       released = NULL,
+       next_attempt_at = NULL,
+       updated_at = now()
+ WHERE id = $1
+   AND status = 'NEEDS_RECONCILIATION'
+   AND updated_at = $2 -- 0 rows: a person decided meanwhile, and the decision stands
+RETURNING ` + opColumns
+
+// takeBack makes the reasking worker the owner of the operation, unless a
+// person decided since it was claimed.
+func (a *attempt) takeBack(ctx context.Context, why string) (bool, error) {
+	taken := false
+	err := a.r.inTx(ctx, func(tx pgx.Tx) error {
+		op, err := scanOperation(tx.QueryRow(ctx, sqlTakeBack, a.r.op.ID, a.claim.SeenUpdatedAt, a.claim.Actor, a.budget.Lease.Seconds()))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("workflow: take back from reconciliation: %w", err)
+		}
+		from := a.r.op.Status
+		op.Steps = a.r.op.Steps
+		a.r.op, a.r.token, a.r.branch, taken = op, *op.OwnerToken, BranchReasked, true
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return err
+		}
+		return a.r.event(ctx, tx, from, "", why, sqlTakeBack)
+	})
+	return taken, err
+}
+
+// stillWaiting records the unanswered question and when the next comes.
+// It changes neither the status nor updated_at: a person's open decision
+// form stays valid.
+func (a *attempt) stillWaiting(ctx context.Context) error {
+	reasks := a.r.op.Attempts - a.budget.MaxAttempts + 1
+	return a.r.inTx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+			UPDATE operations
+			   SET next_attempt_at = $2,
+			       attempts = attempts + 1
+			 WHERE id = $1
+			   AND status = 'NEEDS_RECONCILIATION' -- a person may have decided meanwhile: then nothing`,
+			a.r.op.ID, a.reaskAt(max(reasks, 1)))
+		return err
+	})
+}
+
+// stopReasking: nothing about the operation can be asked (a definite
+// refusal waits for a person), so recovery stops asking.
+func (e *Engine) stopReasking(ctx context.Context, opID int64) error {
+	_, err := e.pool.Exec(ctx, `
+		UPDATE operations
+		   SET next_attempt_at = NULL
+		 WHERE id = $1
+		   AND status = 'NEEDS_RECONCILIATION'`, opID)
+	return err
+}
+
+// asked is one status query, kept until the next write records it.
+type asked struct {
+	key, system string
+	truth       external.Truth
+	err         error
+	took        time.Duration
+}
+
+// flushAsked appends the status queries made since the last write to
+// operation_calls, in tx.
+func (r *runner) flushAsked(ctx context.Context, tx pgx.Tx) error {
+	for _, q := range r.asked {
+		detail := ""
+		if q.err != nil {
+			detail = q.err.Error()
+		}
+		_, err := tx.Exec(ctx, `
+			INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, truth, detail, took_ms)
+			VALUES ($1, $2, 'status', $3, $4, nullif($5, '')::uuid, $6, $7, $8)`,
+			r.op.ID, q.key, q.system, r.actor, r.token, nullTruth(q.truth), detail, q.took.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("workflow: record status query: %w", err)
+		}
+	}
+	r.asked = r.asked[:0]
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,639 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/external"
+)
+
+// This file is how an owner drives an operation forward: the local steps in
+// the transaction that reaches them, each external step's SENT before its
+// call and its outcome after, every write fenced by the owner token. The
+// request that starts an operation and the recovery worker that resumes it
+// run this same code.
+
+// pending is an external step recorded SENT whose call is to be made.
+type pending struct {
+	index    int
+	step     Step
+	callID   int64 // its row in operation_calls
+	deadline time.Time
+	request  json.RawMessage
+}
+
+func (r *runner) record(i int) StepRecord { return r.op.Steps[i] }
+
+func (r *runner) crash(ctx context.Context, p crash.Point) {
+	if r == nil {
+		return
+	}
+	sw := r.e.cfg.Crash
+	sw.At(ctx, p)
+	for alias, to := range r.def.CrashAliases {
+		if to == p {
+			sw.At(ctx, alias)
+		}
+	}
+}
+
+const sqlInsertSteps = `
+INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
+SELECT $1, $2, s.position, s.name, s.step_key, s.system,
+       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, -- the start function wrote the intent
+       CASE WHEN s.position = 1 THEN now() END
+  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS s(name, step_key, system, position)
+RETURNING ` + stepColumns
+
+// insertSteps writes the steps of the operation's run, the first DONE (the
+// start function recorded the intent), with the timeline's first event.
+func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
+	names, keys, systems := make([]string, len(r.def.Steps)), make([]string, len(r.def.Steps)), make([]*string, len(r.def.Steps))
+	for i, s := range r.def.Steps {
+		names[i], keys[i] = s.Name, StepKey(r.op.ID, s.Name, r.op.Run)
+		if s.Call != nil {
+			systems[i] = ptr(s.Call.System())
+		}
+	}
+	rows, err := tx.Query(ctx, sqlInsertSteps, r.op.ID, r.op.Run, names, keys, systems)
+	if err != nil {
+		return fmt.Errorf("workflow: insert steps: %w", err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
+	if err != nil {
+		return fmt.Errorf("workflow: insert steps: %w", err)
+	}
+	slices.SortFunc(steps, func(a, b StepRecord) int { return a.Position - b.Position })
+	r.op.Steps = steps
+	detail := "requested"
+	if r.op.Run > 1 {
+		detail = fmt.Sprintf("requested again: run %d, new step keys", r.op.Run)
+	}
+	return r.event(ctx, tx, "", r.def.Steps[0].Name, detail, sqlInsertSteps)
+}
+
+// advance runs, in tx, the steps from the first one not DONE: each local
+// step, then — when send is true — the SENT of the next external step,
+// returned as the call to make. With send false it stops before that
+// step and returns it unsent (a person's decision leaves the call to
+// recovery). When every step is DONE the operation SUCCEEDS and advance
+// returns nil.
+func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, error) {
+	for i := r.op.current(); i < len(r.op.Steps); i++ {
+		rec := r.record(i)
+		st, ok := r.def.step(rec.Name)
+		if !ok {
+			return nil, fmt.Errorf("workflow: %s has no step %q", r.def.Type, rec.Name)
+		}
+		if st.Do != nil {
+			if err := r.writeStep(ctx, tx, i, sqlStepDone); err != nil {
+				return nil, err
+			}
+			detail, err := st.Do(ctx, tx, r.op)
+			if err != nil {
+				return nil, fmt.Errorf("workflow: step %s: %w", rec.Name, err)
+			}
+			if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" done: "+detail, sqlStepDone); err != nil {
+				return nil, err
+			}
+			r.crash(ctx, crashAfter(rec.Name))
+			continue
+		}
+		if !send {
+			return &pending{index: i, step: st}, nil
+		}
+		p, skippedWhy, err := r.sent(ctx, tx, i, st)
+		if err != nil {
+			return nil, err
+		}
+		if p != nil {
+			return p, nil
+		}
+		if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" skipped: "+skippedWhy, sqlStepSkipped); err != nil {
+			return nil, err
+		}
+	}
+	return nil, r.succeed(ctx, tx)
+}
+
+// sent records step i SENT — its request (computed the first time), its
+// deadline, one more attempt — and the call in operation_calls, before the
+// call is made. A step whose Request says Skip is DONE instead (nil, why).
+func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending, string, error) {
+	rec := r.record(i)
+	request := rec.Request
+	if request == nil {
+		req, err := st.Call.Request(ctx, tx, r.op)
+		var skip *skipped
+		if errors.As(err, &skip) {
+			answer, _ := json.Marshal(map[string]string{"skipped": skip.why})
+			return nil, skip.why, r.writeStep(ctx, tx, i, sqlStepSkipped, answer)
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("workflow: step %s: request: %w", rec.Name, err)
+		}
+		if request, err = json.Marshal(req); err != nil {
+			return nil, "", fmt.Errorf("workflow: step %s: encode request: %w", rec.Name, err)
+		}
+	}
+	deadline := st.Call.Deadline()
+	if err := r.writeStep(ctx, tx, i, sqlStepSent, deadline, request, r.e.cfg.Lease.Seconds()); err != nil {
+		return nil, "", err
+	}
+	rec = r.record(i)
+	var callID int64
+	err := tx.QueryRow(ctx, sqlInsertCall, r.op.ID, rec.Key, *rec.System, r.actor, r.token, rec.Attempts, deadline, request).Scan(&callID)
+	if err != nil {
+		return nil, "", fmt.Errorf("workflow: record call: %w", err)
+	}
+	detail := fmt.Sprintf("%s sent to %s: key %s, attempt %d, deadline %s", rec.Name, *rec.System, rec.Key, rec.Attempts,
+		deadline.UTC().Format("15:04:05.000"))
+	if err := r.event(ctx, tx, r.op.Status, rec.Name, detail, sqlStepSent); err != nil {
+		return nil, "", err
+	}
+	return &pending{index: i, step: st, callID: callID, deadline: deadline, request: request}, "", nil
+}
+
+const sqlInsertCall = `
+INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+VALUES ($1, $2, 'call', $3, $4, $5::uuid, $6, $7, $8)
+RETURNING id`
+
+// answer is what one call came back with, as the caller measured it — or
+// what a status query settled (why set, no call answered).
+type answer struct {
+	res  external.Result
+	took time.Duration
+	why  string
+}
+
+// send makes p's call, outside any transaction, with the step's key, the
+// stored request and the deadline recorded with SENT.
+func (r *runner) send(ctx context.Context, p *pending) answer {
+	rec := r.record(p.index)
+	start := time.Now()
+	res, err := p.step.Call.Send(ctx, Call{Key: rec.Key, Deadline: p.deadline, Request: p.request})
+	if err != nil {
+		// Nothing was sent; still, only a status query may say what happened.
+		res = external.Result{Outcome: external.Unknown, Err: err, Deadline: p.deadline}
+	}
+	return answer{res: res, took: time.Since(start)}
+}
+
+// unknownFunc decides, in the transaction recording it, what an unknown
+// outcome means for the operation: a request hands it to recovery, a
+// recovery worker backs off or asks a person.
+type unknownFunc func(ctx context.Context, tx pgx.Tx, why string) error
+
+// drive makes next's call and records its outcome, and so on until the
+// operation stops: finished, refused, or unknown (onUnknown decides). It
+// calls hooks.Finish in the transaction where it stops.
+func (r *runner) drive(ctx context.Context, next *pending, onUnknown unknownFunc, hooks Hooks[Operation]) (Operation, error) {
+	for next != nil {
+		r.crash(ctx, crashBefore(next.step.Name))
+		got := r.send(ctx, next)
+		r.crash(ctx, crashAfter(next.step.Name))
+		var following *pending
+		err := r.inTx(ctx, func(tx pgx.Tx) error {
+			var err error
+			if following, err = r.recordAnswer(ctx, tx, next, got, onUnknown); err != nil {
+				return err
+			}
+			if following == nil {
+				return hooks.RunFinish(ctx, tx, r.op, nil)
+			}
+			return nil
+		})
+		if err != nil {
+			return Operation{}, r.fenced(ctx, err)
+		}
+		next = following
+	}
+	return r.op, nil
+}
+
+// recordAnswer writes, in tx, what p's call came back with: the answer in
+// operation_calls, the step DONE, FAILED or UNKNOWN, and what follows —
+// the next steps when it is DONE, the refusal's consequence when FAILED,
+// onUnknown when UNKNOWN. It returns the next call to make, if any.
+func (r *runner) recordAnswer(ctx context.Context, tx pgx.Tx, p *pending, got answer, onUnknown unknownFunc) (*pending, error) {
+	if err := r.flushAsked(ctx, tx); err != nil {
+		return nil, err
+	}
+	rec := r.record(p.index)
+	res := got.res
+	why := got.why
+	if p.callID != 0 {
+		why = describeOutcome(*rec.System, res)
+		if _, err := tx.Exec(ctx, sqlInsertAnswer, r.op.ID, rec.Key, p.callID, *rec.System, r.actor, r.token,
+			res.Outcome.String(), nullTruth(res.Truth), why, got.took.Milliseconds()); err != nil {
+			return nil, fmt.Errorf("workflow: record answer: %w", err)
+		}
+	}
+	switch res.Outcome {
+	case external.Confirmed:
+		if err := r.finishStep(ctx, tx, p.index, StepDone, external.TruthCompleted, answerJSON(res), why); err != nil {
+			return nil, err
+		}
+		return r.advance(ctx, tx, true)
+	case external.Rejected:
+		if err := r.finishStep(ctx, tx, p.index, StepFailed, external.TruthRejected, answerJSON(res), why); err != nil {
+			return nil, err
+		}
+		return nil, r.refuse(ctx, tx, p.index, why)
+	default:
+		if err := r.finishStep(ctx, tx, p.index, StepUnknown, res.Truth, answerJSON(res), why); err != nil {
+			return nil, err
+		}
+		return nil, onUnknown(ctx, tx, why)
+	}
+}
+
+const sqlInsertAnswer = `
+INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+VALUES ($1, $2, 'answer', $3, $4, $5, $6::uuid, $7, $8, $9, $10)`
+
+// finishStep records what is now known of external step i: DONE or FAILED
+// (finished) or UNKNOWN, the system's truth, the answer.
+func (r *runner) finishStep(ctx context.Context, tx pgx.Tx, i int, state string, truth external.Truth, answer json.RawMessage, why string) error {
+	if err := r.writeStep(ctx, tx, i, sqlStepAnswered, state, nullTruth(truth), answer); err != nil {
+		return err
+	}
+	rec := r.record(i)
+	return r.event(ctx, tx, r.op.Status, rec.Name, fmt.Sprintf("%s %s: %s", rec.Name, state, why), sqlStepAnswered)
+}
+
+// refuse is what a definite refusal of step i means: FAILED (the earlier
+// local steps undone) when nothing done elsewhere stands, a person's
+// decision otherwise.
+func (r *runner) refuse(ctx context.Context, tx pgx.Tx, i int, why string) error {
+	st, _ := r.def.step(r.record(i).Name)
+	if st.Refused == Reconcile {
+		return r.reconcile(ctx, tx, nil, why+"; what the earlier steps did elsewhere stands, so a person decides")
+	}
+	for j := i - 1; j > 0; j-- {
+		prev, _ := r.def.step(r.record(j).Name)
+		if prev.Undo == nil {
+			continue
+		}
+		detail, err := prev.Undo(ctx, tx, r.op)
+		if err != nil {
+			return fmt.Errorf("workflow: undo %s: %w", prev.Name, err)
+		}
+		if err := r.event(ctx, tx, r.op.Status, prev.Name, prev.Name+" undone: "+detail, ""); err != nil {
+			return err
+		}
+	}
+	return r.fail(ctx, tx, why)
+}
+
+// handOver is a request's answer to an unknown outcome: the operation stays
+// IN_PROGRESS — missing information, not a failure — with its lease ended
+// now, so the recovery loop claims it at its next pass instead of waiting
+// for the lease to run out.
+func (r *runner) handOver(ctx context.Context, tx pgx.Tx, why string) error {
+	return r.transition(ctx, tx, sqlHandOver, "outcome unknown, handed to recovery: "+why, why)
+}
+
+// The step writes. Each touches the operation row as its owner in the same
+// statement (the owner CTE): a writer whose token was replaced matches
+// nothing, and a concurrent claim of the operation waits on this row's lock
+// until the write commits or rolls back.
+const ownerCTE = `
+WITH owner AS (
+    UPDATE operations
+       SET updated_at = now()
+     WHERE id = $1
+       AND owner_token = $2 -- the fence: 0 rows once another worker owns the operation
+       AND status IN ('IN_PROGRESS', 'RECOVERING') -- and never a finished one
+    RETURNING id
+)`
+
+const sqlStepDone = ownerCTE + `
+UPDATE operation_steps s
+   SET state = 'DONE',
+       finished_at = now(),
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND s.name = $4
+   AND s.state = 'PENDING' -- a step is done once
+RETURNING ` + stepColumns
+
+const sqlStepSkipped = ownerCTE + `
+UPDATE operation_steps s
+   SET state = 'DONE',
+       answer = $5,
+       finished_at = now(),
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND s.name = $4
+   AND s.state = 'PENDING'
+RETURNING ` + stepColumns
+
+// SENT also renews the owner's lease, to cover the call it is about to make.
+const sqlStepSent = `
+WITH owner AS (
+    UPDATE operations
+       SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => $7)),
+           updated_at = now()
+     WHERE id = $1
+       AND owner_token = $2 -- the fence
+       AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id
+)
+UPDATE operation_steps s
+   SET state = 'SENT',
+       attempts = s.attempts + 1,
+       deadline_at = greatest(s.deadline_at, $5), -- the latest deadline of any attempt: see the deadline rule
+       sent_at = now(),
+       request = coalesce(s.request, $6), -- computed once; every retry sends it verbatim
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND s.name = $4
+   AND s.state IN ('PENDING', 'SENT', 'UNKNOWN') -- never a step whose outcome is known
+RETURNING ` + stepColumns
+
+const sqlStepAnswered = ownerCTE + `
+UPDATE operation_steps s
+   SET state = $5,
+       truth = coalesce($6, s.truth),
+       answer = $7,
+       finished_at = CASE WHEN $5 IN ('DONE', 'FAILED') THEN now() END,
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND s.name = $4
+   AND s.state IN ('SENT', 'UNKNOWN') -- an answer is for a step in flight
+RETURNING ` + stepColumns
+
+// sqlStepTruth notes what a status query said, while the outcome stays unknown.
+const sqlStepTruth = ownerCTE + `
+UPDATE operation_steps s
+   SET truth = coalesce($5, s.truth),
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND s.name = $4
+   AND s.state IN ('SENT', 'UNKNOWN')
+RETURNING ` + stepColumns
+
+// writeStep runs one of the step writes on step i (its arguments after the
+// operation, token, run and name) and keeps the step as written. Zero rows
+// is ErrLeaseLost when the fence refused it.
+func (r *runner) writeStep(ctx context.Context, tx pgx.Tx, i int, sql string, args ...any) error {
+	rec := r.record(i)
+	got, err := scanStep(tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token, r.op.Run, rec.Name}, args...)...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r.whyNoRows(ctx, tx, fmt.Sprintf("step %s is %s", rec.Name, rec.State))
+	}
+	if err != nil {
+		return fmt.Errorf("workflow: write step %s: %w", rec.Name, err)
+	}
+	r.op.Steps[i] = got
+	return nil
+}
+
+// whyNoRows tells a fenced write's zero rows apart: the fence (someone else
+// owns the operation now: ErrLeaseLost) or a step not in the state the
+// write expects (a bug: what describes it).
+func (r *runner) whyNoRows(ctx context.Context, tx pgx.Tx, what string) error {
+	var owned bool
+	err := tx.QueryRow(ctx, `
+		SELECT owner_token IS NOT DISTINCT FROM $2::uuid
+		       AND status IN ('IN_PROGRESS', 'RECOVERING')
+		  FROM operations
+		 WHERE id = $1`, r.op.ID, r.token).Scan(&owned)
+	if err != nil || !owned {
+		return ErrLeaseLost
+	}
+	return fmt.Errorf("workflow: operation %d: %s, which this write does not expect", r.op.ID, what)
+}
+
+// The operation writes, each fenced like the step writes.
+const opFence = `
+ WHERE id = $1
+   AND owner_token = $2 -- the fence: 0 rows means we no longer own it
+   AND status IN ('IN_PROGRESS', 'RECOVERING') -- and a finished operation is never overwritten
+RETURNING ` + opColumns
+
+const sqlSucceed = `
+UPDATE operations
+   SET status = 'SUCCEEDED',
+       released = NULL,
+       next_attempt_at = NULL,
+       last_error = NULL,
+       finished_at = now(),
+       updated_at = now()` + opFence
+
+const sqlFail = `
+UPDATE operations
+   SET status = 'FAILED',
+       released = NULL,
+       next_attempt_at = NULL,
+       last_error = $3,
+       finished_at = now(),
+       updated_at = now()` + opFence
+
+const sqlHandOver = `
+UPDATE operations
+   SET lease_expires_at = now(), -- ended now: the recovery loop may claim it at once
+       released = 'handed_over',
+       next_attempt_at = NULL,
+       attempts = attempts + 1, -- the request's own attempt counts
+       last_error = $3,
+       updated_at = now()` + opFence
+
+// sqlReconcile gives the operation to a person. $4 is when recovery asks
+// the system again (NULL: never — the answer was a definite refusal).
+const sqlReconcile = `
+UPDATE operations
+   SET status = 'NEEDS_RECONCILIATION',
+       released = NULL,
+       next_attempt_at = $4,
+       last_error = $3,
+       updated_at = now()` + opFence
+
+func (r *runner) succeed(ctx context.Context, tx pgx.Tx) error {
+	return r.transition(ctx, tx, sqlSucceed, "every step done")
+}
+
+func (r *runner) fail(ctx context.Context, tx pgx.Tx, why string) error {
+	return r.transition(ctx, tx, sqlFail, "failed: "+why, why)
+}
+
+// reconcile hands the operation to a person, with why and the timeline as
+// evidence. reaskAt is when recovery asks the truth again (nil: never).
+func (r *runner) reconcile(ctx context.Context, tx pgx.Tx, reaskAt *time.Time, why string) error {
+	return r.transition(ctx, tx, sqlReconcile, "a person must decide: "+why, why, reaskAt)
+}
+
+// transition runs one fenced operation write (arguments after the
+// operation and token) and records its event with detail.
+func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, args ...any) error {
+	from := r.op.Status
+	op, err := scanOperation(tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token}, args...)...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	if err != nil {
+		return fmt.Errorf("workflow: update operation %d: %w", r.op.ID, err)
+	}
+	op.Steps = r.op.Steps
+	r.op = op
+	return r.event(ctx, tx, from, "", detail, sql)
+}
+
+// event notes a line for the timeline: the transition from from (equal to
+// the status now for a step's progress), about step ("" for the operation
+// as a whole). The lines are written together, by flush, at the end of the
+// transaction that made them — so the timeline never shows what rolled
+// back, and a transaction of six steps costs one insert, not six.
+func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, statement string) error {
+	r.events = append(r.events, event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
+		detail: detail, statement: statement})
+	return nil
+}
+
+const sqlInsertEvents = `
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
+SELECT operation_id, nullif(from_status, ''), to_status, actor, owner_token::uuid, detail, statement,
+       nullif(branch, ''), nullif(step, '')
+  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step, n)
+ ORDER BY n -- in the order they happened: the timeline reads by id`
+
+// flush writes, in tx, the timeline lines and status queries noted since
+// the transaction began. Every transaction a runner opens ends with it.
+func (r *runner) flush(ctx context.Context, tx pgx.Tx) error {
+	if err := r.flushAsked(ctx, tx); err != nil {
+		return err
+	}
+	if len(r.events) == 0 {
+		return nil
+	}
+	n := len(r.events)
+	ids, from, to, actors, tokens := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
+	details, statements, branches, steps := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	for i, ev := range r.events {
+		ids[i], from[i], to[i], actors[i], tokens[i] = ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken
+		details[i], statements[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
+	}
+	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, statements, branches, steps); err != nil {
+		return fmt.Errorf("workflow: record events: %w", err)
+	}
+	r.events = r.events[:0]
+	return nil
+}
+
+// inTx runs f in a transaction of its own and flushes what it noted.
+func (r *runner) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, r.e.pool, func(tx pgx.Tx) error {
+		r.events = r.events[:0] // a transaction starts with nothing noted
+		if err := f(tx); err != nil {
+			return err
+		}
+		return r.flush(ctx, tx)
+	})
+}
+
+// event is one line of an operation's timeline.
+type event struct {
+	op                                           Operation
+	from, actor, branch, step, detail, statement string
+}
+
+// recordEvent appends ev in db's transaction, so the timeline never shows
+// what rolled back.
+func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
+	_, err := db.Exec(ctx, `
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
+		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''))`,
+		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step)
+	if err != nil {
+		return fmt.Errorf("workflow: record event: %w", err)
+	}
+	return nil
+}
+
+// BranchFenced marks a refused late write on the timeline.
+const BranchFenced = "fenced"
+
+// fenced counts and records a write refused by the fence (ErrLeaseLost):
+// the metric, and a timeline line written after the rollback, saying who
+// was refused. Other errors pass through.
+func (r *runner) fenced(ctx context.Context, err error) error {
+	if r == nil || !errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	r.e.metrics.fenced.WithLabelValues(r.def.Type).Inc()
+	_, logErr := r.e.pool.Exec(context.WithoutCancel(ctx), `
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch)
+		SELECT id, status, status, $2, $3::uuid, $4, $5
+		  FROM operations
+		 WHERE id = $1`, r.op.ID, r.actor, r.token,
+		"a late write was refused: this owner token no longer owns the operation, so nothing it meant to write was written",
+		BranchFenced)
+	if logErr != nil {
+		r.e.cfg.Logger.Warn("workflow: could not record a fenced write", "operation", r.op.ID, "err", logErr)
+	}
+	return err
+}
+
+// describeOutcome says in a few words what a call's answer means.
+func describeOutcome(system string, res external.Result) string {
+	switch {
+	case res.Outcome == external.Confirmed:
+		return system + " confirmed"
+	case res.Outcome == external.Rejected:
+		return system + " refused: " + res.Reason
+	case res.Truth == external.TruthRunning:
+		return system + " accepted the call and is still running it"
+	case errors.Is(res.Err, external.ErrDeadlinePassed):
+		return "not sent: its deadline had passed (" + res.Err.Error() + ")"
+	case errors.Is(res.Err, context.DeadlineExceeded):
+		return "no answer from " + system + " before the deadline"
+	case res.Err != nil:
+		return fmt.Sprintf("no usable answer from %s: %v", system, res.Err)
+	default:
+		return "no answer from " + system
+	}
+}
+
+// answerJSON is what the step keeps of an answer.
+func answerJSON(res external.Result) json.RawMessage {
+	a := map[string]any{"outcome": res.Outcome.String()}
+	if res.Truth != "" {
+		a["truth"] = res.Truth
+	}
+	if res.Reason != "" {
+		a["reason"] = res.Reason
+	}
+	if res.Err != nil {
+		a["error"] = res.Err.Error()
+	}
+	b, _ := json.Marshal(a)
+	return b
+}
+
+func nullTruth(t external.Truth) *string {
+	if t == "" {
+		return nil
+	}
+	return ptr(string(t))
+}
