@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/netfault"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -581,5 +583,91 @@ func TestStepKeysAreTheSameWhoeverMakesTheCall(t *testing.T) {
 		if atProvider != workflow.StepKey(op.ID, policies.StepProviderCancel, 1) || atPayments != workflow.StepKey(op.ID, policies.StepRefund, 1) {
 			t.Errorf("policy %d: the provider saw %q, payments %q", pid, atProvider, atPayments)
 		}
+	}
+}
+
+// The delayed original (issue 11, item 1): the request's call to a provider
+// that is not idempotent is held in the network past the client's timeout.
+// Recovery asks at once and hears NOT_STARTED — but that answer describes
+// the past: the original is still on its way. So recovery waits until the
+// call's deadline plus the clock-skew margin before it sends the call
+// again; the held original arrives after its deadline and is refused; the
+// provider cancels the policy once.
+func TestADelayedOriginalIsNotAppliedTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pid := b.policyIDs[4]
+	f := fake.DefaultFault()
+	f.Idempotent = false
+	if _, err := b.fake.SetFaults(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := workflow.SetBelief(ctx, b.db.Pool, "provider", false, "the test"); err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := netfault.Listen(strings.TrimPrefix(b.url, "http://"), netfault.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	const timeout, held, skew = 400 * time.Millisecond, 1500 * time.Millisecond, 700 * time.Millisecond
+	engine := workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second})
+	c := policies.NewCanceller(engine, provider.NewHTTPClient(proxy.URL(), timeout), payments.NewHTTPClient(b.payURL, patient))
+	proxy.HoldNext(1, held, "POST ") // the request's call, and only it
+
+	op, err := c.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "request"},
+		workflow.Hooks[workflow.Operation]{})
+	if err != nil || state(op, policies.StepProviderCancel) != workflow.StepUnknown {
+		t.Fatalf("the request: %+v %v", op, err)
+	}
+	// Recovery, at once, through the same proxy (healed of its hold).
+	cfg := recovery.DefaultConfig()
+	cfg.ClockSkew, cfg.Logger = skew, slog.New(slog.NewTextHandler(io.Discard, nil))
+	loop := recovery.New(engine, cfg)
+	loop.Register(policies.OperationCancel, engine)
+	for range 20 {
+		if _, err := loop.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if op, _ = b.engine.GetOperation(ctx, op.ID, 0, true); op.Terminal() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if op.Status != workflow.StatusSucceeded {
+		t.Fatalf("after recovery: %s (%+v)", op.Status, op)
+	}
+	// The held original reaches the provider after its deadline (the proxy
+	// delivers it 1.5 s after it was sent): wait for it, then count.
+	key := workflow.StepKey(op.ID, policies.StepProviderCancel, 1)
+	var late int
+	for end := time.Now().Add(5 * time.Second); late == 0 && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM fault.late_arrivals WHERE system = 'provider' AND idempotency_key = $1`, key).Scan(&late)
+	}
+	if late != 1 {
+		t.Errorf("late arrivals of %s: %d, want the held original refused once", key, late)
+	}
+	if n := b.effects(t, pid); n != 1 {
+		t.Fatalf("provider effects %d: the policy was cancelled %d times", n, n)
+	}
+	// Recovery's own rule: it waited for the first call's deadline + skew
+	// before sending again.
+	var firstDeadline, resent time.Time
+	b.db.Pool.QueryRow(ctx, `
+		SELECT min(deadline_at) FILTER (WHERE attempt = 1), min(at) FILTER (WHERE attempt = 2)
+		  FROM operation_calls WHERE step_key = $1 AND kind = 'call'`, key).Scan(&firstDeadline, &resent)
+	if resent.Before(firstDeadline.Add(skew)) {
+		t.Errorf("resent at %s, before the first call's deadline %s + %s", resent, firstDeadline, skew)
+	}
+	branches := map[string]bool{}
+	events, _ := b.engine.Timeline(ctx, op.ID)
+	for _, e := range events {
+		if e.Branch != nil {
+			branches[*e.Branch] = true
+		}
+	}
+	if !branches[workflow.BranchNotStartedWait] || !branches[workflow.BranchNotStarted] {
+		t.Errorf("branches %v: want a wait on NOT_STARTED, then the resend", branches)
 	}
 }
