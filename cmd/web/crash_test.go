@@ -27,9 +27,8 @@ func TestCrashAtEachPointThenRestart(t *testing.T) {
 		providerCalled                    bool
 		events                            int
 	}{
-		// inside transaction 1: it rolls back — no operation (the key is
-		// the middleware's, claimed before the workflow ran)
-		{"after_record_intent", "", "IN_PROGRESS", "ACTIVE", false, 0},
+		// inside transaction 1, with the key's claim: it rolls back — nothing
+		{"after_record_intent", "", "", "ACTIVE", false, 0},
 		// transaction 1 committed (intent, provider_cancel SENT), no call
 		{"before_provider_cancel", "IN_PROGRESS", "IN_PROGRESS", "ACTIVE", false, 2},
 		{"after_claim", "IN_PROGRESS", "IN_PROGRESS", "ACTIVE", false, 2}, // its older name

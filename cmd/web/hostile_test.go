@@ -114,6 +114,8 @@ var hostileRoutes = map[string]routeSpec{
 	"PUT /api/v1/payments/faults":               {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
 	"GET /api/v1/payments/ledger":               {access: adminAPI},
 	"POST /api/v1/payments/reset":               {access: adminAPI},
+	"GET /api/v1/admin/systems":                 {access: adminAPI},
+	"PUT /api/v1/admin/systems/:name":           {access: adminAPI, json: true, validJSON: map[string]any{"believed_idempotent": true}},
 
 	"GET /policies":                    {access: signedIn},
 	"GET /policies/:id":                {access: signedIn, param: alicePolicy},

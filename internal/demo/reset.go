@@ -79,8 +79,10 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE sessions, mailbox, audit_entries, operation_calls, operation_steps, operation_events, operations,
-			         idempotency_keys, bookings, slots, policies, users
+			TRUNCATE sessions, audit_entries, operation_calls, operation_steps, operation_events, operations,
+			         idempotency_keys, bookings, slots, policies, users,
+			         -- the events of the data wiped, and what the consumers made of them
+			         outbox, event_publishes, event_deliveries, inbox, mailbox, ledger_entries, ledger_days
 			RESTART IDENTITY`)
 		if err != nil {
 			return fmt.Errorf("demo: reset: %w", err)
