@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/users"
@@ -77,7 +78,29 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 		name := fmt.Sprintf("user-%05d", i)
 		all = append(all, Account{Name: name, Role: users.RoleCustomer, Token: tokenFor(name)})
 	}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// TRUNCATE locks every table it names at once; a consumer applying an
+	// event at that moment (inbox, then mailbox) can deadlock with it. The
+	// database then aborts one of the two, and the reset simply runs again.
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if err = reset(ctx, pool, all, d, today); !isDeadlock(err) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return all, nil
+}
+
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
+}
+
+// reset is Reset's one transaction.
+func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, today time.Time) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
 			TRUNCATE sessions, audit_entries, operation_calls, operation_steps, operation_events, operations,
 			         idempotency_keys, bookings, slots, policies, users,
@@ -122,10 +145,6 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return all, nil
 }
 
 // TokenFor returns the token a generated user gets: "load-" and 24 hex
