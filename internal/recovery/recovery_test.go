@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/payments"
@@ -812,4 +813,323 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// A person is the last resort (issue 11, item 4): an operation waiting for
+// one is asked again when due. While its truth stays unknown nothing a
+// person is looking at changes (status and updated_at stay; the question is
+// in operation_calls); once the truth is known, recovery takes it back and
+// finishes it — and a person's decision made first would stand instead.
+func TestAnOperationWaitingForAPersonIsAskedAgainAndFinished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pid := b.policyIDs[0]
+	b.setFaults(t, faults{mode: fake.ModeLostResponse, idempotent: false})
+	b.cancelCrashingAt(t, pid, none)
+	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false, statusMode: fake.StatusError})
+	b.believe(t, false)
+	l := b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls, c.MaxAttempts, c.ReaskInterval = 1, 1, time.Minute })
+	b.settle(t, l)
+	waiting := b.operation(t, pid)
+	if waiting.Status != workflow.StatusNeedsReconciliation || waiting.NextAttemptAt == nil {
+		t.Fatalf("not waiting for a person with a next question: %+v", waiting)
+	}
+	// Not due yet: nothing asked.
+	if c, _ := l.RunOnce(ctx); c.Claimed != 0 {
+		t.Fatalf("asked before it was due: %+v", c)
+	}
+	asked := func() int {
+		var n int
+		b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_calls WHERE operation_id = $1 AND kind = 'status'`, waiting.ID).Scan(&n)
+		return n
+	}
+	before := asked()
+
+	// Due, the provider still cannot be asked: it keeps waiting, untouched.
+	l.engine.Clock().Set(time.Now().Add(2 * time.Minute))
+	c, err := l.RunOnce(ctx)
+	if err != nil || c.Reasked != 1 {
+		t.Fatalf("re-ask pass %+v %v", c, err)
+	}
+	still := b.operation(t, pid)
+	if still.Status != workflow.StatusNeedsReconciliation || !still.UpdatedAt.Equal(waiting.UpdatedAt) || asked() != before+1 {
+		t.Fatalf("after an unanswered question: %s, updated_at %s (was %s), questions %d (was %d)",
+			still.Status, still.UpdatedAt, waiting.UpdatedAt, asked(), before)
+	}
+	if !still.NextAttemptAt.After(*waiting.NextAttemptAt) {
+		t.Errorf("next question %s, not after %s", still.NextAttemptAt, waiting.NextAttemptAt)
+	}
+
+	// The provider answers again: COMPLETED. Recovery finishes it: the
+	// refund, the audit, SUCCEEDED — one cancellation, one refund.
+	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false})
+	l.engine.Clock().Set(time.Now().Add(time.Hour))
+	if c, err = l.RunOnce(ctx); err != nil || c.Succeeded != 1 {
+		t.Fatalf("second re-ask %+v %v", c, err)
+	}
+	done := b.operation(t, pid)
+	if done.Status != workflow.StatusSucceeded || b.effects(t, pid) != 1 || b.refunds(t, pid) != 1 {
+		t.Fatalf("after the truth came back: %s, effects %d, refunds %d", done.Status, b.effects(t, pid), b.refunds(t, pid))
+	}
+	if got := b.branches(t, done.ID); !contains(got, workflow.BranchReasked) {
+		t.Fatalf("branches %v", got)
+	}
+	checkInvariants(t, b.db)
+}
+
+// One last status query precedes every hand-over to a person: the event
+// that sends the operation to reconciliation is preceded, in the log of
+// calls, by a status query made by the same worker after its last call.
+// And with a provider that cannot be asked and is not believed idempotent,
+// recovery backs off and asks again before a person is involved.
+func TestEveryHandOverToAPersonFollowsAStatusQuery(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		idempotent bool
+	}{{"not idempotent: back off, ask again", false}, {"idempotent: the same call, then ask", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			pid := b.policyIDs[0]
+			b.setFaults(t, faults{mode: fake.ModeDrop, idempotent: tc.idempotent, statusMode: fake.StatusError})
+			b.believe(t, tc.idempotent)
+			b.cancelCrashingAt(t, pid, none)
+			l := b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls, c.MaxAttempts = 1, 3 })
+			counts := b.settle(t, l)
+			op := b.operation(t, pid)
+			if op.Status != workflow.StatusNeedsReconciliation {
+				t.Fatalf("status %s", op.Status)
+			}
+			if counts.BackedOff < 1 {
+				t.Errorf("went to a person without backing off first: %+v", counts)
+			}
+			var lastKind string
+			var lastAt, reconciledAt time.Time
+			b.db.Pool.QueryRow(ctx, `SELECT at FROM operation_events WHERE operation_id = $1 AND branch = 'reconciliation'`, op.ID).Scan(&reconciledAt)
+			b.db.Pool.QueryRow(ctx, `
+				SELECT kind, at FROM operation_calls WHERE operation_id = $1 AND kind IN ('call', 'status') ORDER BY id DESC LIMIT 1`,
+				op.ID).Scan(&lastKind, &lastAt)
+			if lastKind != "status" || lastAt.After(reconciledAt) {
+				t.Fatalf("the last exchange before the hand-over was a %s at %s (hand-over at %s)", lastKind, lastAt, reconciledAt)
+			}
+			if n := b.effects(t, pid); n != 0 {
+				t.Fatalf("effects %d", n)
+			}
+		})
+	}
+}
+
+// A pass does not wait for its slowest claim (issue 11, item 5): while one
+// operation is being polled (its provider says RUNNING for seconds), an
+// operation handed over meanwhile is claimed by the next pass — before the
+// slow one is finished.
+func TestAHandedOverOperationIsNotHeldBackByASlowClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	slow, quick := b.policyIDs[0], b.policyIDs[1]
+	f := fake.DefaultFault()
+	f.Mode, f.SlowMS = fake.ModeSlow, 4000
+	if _, err := b.fake.SetFaults(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	slowOp, _ := b.cancelCrashingAt(t, slow, none) // RUNNING at the provider for 4 s, handed over
+	l := b.loop(t, "app-2", func(c *recovery.Config) {
+		c.Interval, c.MaxPolls, c.PollInterval = 100*time.Millisecond, 10, 500*time.Millisecond
+	})
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	waitFor(t, 5*time.Second, func() bool { return contains(b.branches(t, slowOp.ID), workflow.BranchPoll) })
+
+	// Now a second cancellation meets a dropped call and is handed over.
+	f.Mode = fake.ModeDrop
+	if _, err := b.fake.SetFaults(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	quickOp, _ := b.cancelCrashingAt(t, quick, none)
+	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: true})
+	waitFor(t, 5*time.Second, func() bool { return contains(b.branches(t, quickOp.ID), workflow.BranchClaimed) })
+	if op := b.operation(t, slow); op.Terminal() {
+		t.Fatalf("the slow claim finished first (%s): this proves nothing", op.Status)
+	}
+	waitFor(t, 20*time.Second, func() bool { return b.live(t) == 0 })
+	stop()
+	<-done
+	if b.operation(t, slow).Status != workflow.StatusSucceeded || b.operation(t, quick).Status != workflow.StatusSucceeded {
+		t.Fatal("not both finished")
+	}
+	checkInvariants(t, b.db)
+}
+
+// Two recovery loops racing on the same stale workflows: each operation is
+// claimed by one of them, and every call of each of its steps is made by
+// that one owner (the calls' owner tokens), never by both.
+func TestTwoLoopsRacingOnOneWorkflowEachStepCalledByOneOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.timeout = 10 * time.Second // patient: a timeout here would add a legitimate second attempt
+	for _, pid := range b.policyIDs {
+		if _, err := b.cancelCrashingAt(t, pid, "before_provider_cancel"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Their owner died: the lease ran out.
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE operations SET lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	loops := []worker{
+		b.loop(t, "app-1", func(c *recovery.Config) { c.BatchSize, c.ClockSkew = 1, 0 }),
+		b.loop(t, "app-2", func(c *recovery.Config) { c.BatchSize, c.ClockSkew = 1, 0 }),
+	}
+	// The first calls' deadlines (the dead request's) must pass first.
+	time.Sleep(providerTimeout)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, l := range loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range 40 {
+				if _, err := l.RunOnce(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				if b.live(t) == 0 {
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	var owners, claims, actors int
+	b.db.Pool.QueryRow(ctx, `
+		SELECT count(*) FROM (
+		    SELECT c.step_key
+		      FROM operation_calls c
+		     WHERE c.kind = 'call' AND c.actor LIKE 'recovery on %'
+		     GROUP BY c.step_key
+		    HAVING count(DISTINCT c.owner_token) > 1) x`).Scan(&owners)
+	b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_events WHERE branch = 'claimed'`).Scan(&claims)
+	b.db.Pool.QueryRow(ctx, `SELECT count(DISTINCT actor) FROM operation_events WHERE branch = 'claimed'`).Scan(&actors)
+	if owners != 0 || claims != len(b.policyIDs) {
+		t.Fatalf("%d steps called by more than one owner; %d claims for %d operations", owners, claims, len(b.policyIDs))
+	}
+	t.Logf("%d operations claimed by %d loops", claims, actors)
+	for _, pid := range b.policyIDs {
+		if op := b.operation(t, pid); op.Status != workflow.StatusSucceeded || b.effects(t, pid) != 1 || b.refunds(t, pid) != 1 {
+			t.Fatalf("policy %d: %s, effects %d, refunds %d", pid, op.Status, b.effects(t, pid), b.refunds(t, pid))
+		}
+	}
+	checkInvariants(t, b.db)
+}
+
+// Every payments mode × every crash point around the refund (the provider
+// healthy): after recovery with the faults off, the operation is in its
+// documented state with at most one refund — exactly one where the policy
+// is cancelled and the refund was not refused. A refused refund waits for a
+// person: the policy stays cancelled, nothing is paid twice.
+func TestEveryPaymentsModeAndRefundCrashPointEndsInItsDocumentedState(t *testing.T) {
+	t.Parallel()
+	type want struct {
+		status  string
+		refunds int
+		branch  string // the branch recovery took; "" = nothing to recover
+	}
+	var (
+		succeeded   = want{workflow.StatusSucceeded, 1, ""}
+		refused     = want{workflow.StatusNeedsReconciliation, 0, ""}
+		afterRetry  = want{workflow.StatusSucceeded, 1, workflow.BranchNotStarted}
+		afterAsking = want{workflow.StatusSucceeded, 1, workflow.BranchCompleted}
+		refusedSeen = want{workflow.StatusNeedsReconciliation, 0, workflow.BranchRejected}
+	)
+	atTheEnd := map[fault.Mode]want{
+		fault.ModeOK: succeeded, fault.ModeReject: refused, fault.ModeError: afterRetry, fault.ModeDrop: afterRetry,
+		fault.ModeLostResponse: afterAsking, fault.ModeSlow: afterAsking,
+	}
+	afterTheCall := map[fault.Mode]want{
+		fault.ModeOK: afterAsking, fault.ModeReject: refusedSeen, fault.ModeError: afterRetry, fault.ModeDrop: afterRetry,
+		fault.ModeLostResponse: afterAsking, fault.ModeSlow: afterAsking,
+	}
+	expect := func(mode fault.Mode, point crash.Point) want {
+		switch point {
+		case "before_refund":
+			return afterRetry // never sent, whatever the mode would have done
+		case "after_refund":
+			return afterTheCall[mode]
+		case "after_audit":
+			if mode == fault.ModeOK { // reached only once payments confirmed; the transaction rolled back
+				return afterAsking
+			}
+		}
+		return atTheEnd[mode] // none, after_commit, and a point a mode never reaches
+	}
+	for _, mode := range []fault.Mode{fault.ModeOK, fault.ModeReject, fault.ModeError, fault.ModeDrop, fault.ModeLostResponse, fault.ModeSlow} {
+		for _, point := range []crash.Point{none, "before_refund", "after_refund", "after_audit", "after_commit"} {
+			t.Run(fmt.Sprintf("%s/%s", mode, point), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				ctx := context.Background()
+				pid := b.policyIDs[0]
+				// The request waits 300 ms for payments: modes that never answer
+				// cost one short timeout.
+				b.engine = workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.crashes})
+				b.canceller = policies.NewCanceller(b.engine, b.client(t), b.payClient(t, providerTimeout))
+				pf := fault.Default()
+				pf.Mode, pf.SlowMS = mode, 800
+				if _, err := b.payments.SetFaults(ctx, pf); err != nil {
+					t.Fatal(err)
+				}
+				before, err := b.cancelCrashingAt(t, pid, point)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.payments.SetFaults(ctx, fault.Default()); err != nil { // faults off
+					t.Fatal(err)
+				}
+				w := expect(mode, point)
+				l := b.loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls = 6 })
+				first, err := l.RunOnce(ctx)
+				if err != nil || (before.LeaseExpiresAt.After(time.Now().Add(time.Second)) && first.Claimed != 0) {
+					t.Fatalf("first pass claimed %+v (%v) an operation whose lease was running", first, err)
+				}
+				l.engine.Clock().Set(time.Now().Add(31 * time.Second))
+				counts := add(first, b.settle(t, l))
+
+				op := b.operation(t, pid)
+				if op.Status != w.status {
+					t.Errorf("status %s, want %s (last error %v)", op.Status, w.status, deref(op.LastError))
+				}
+				if got := b.refunds(t, pid); got != w.refunds {
+					t.Errorf("refunds %d, want %d", got, w.refunds)
+				}
+				if b.effects(t, pid) != 1 || b.policyStatus(t, pid) != policies.StatusCancelled {
+					t.Errorf("provider effects %d, policy %s: the cancellation itself must stand", b.effects(t, pid), b.policyStatus(t, pid))
+				}
+				branches := b.branches(t, op.ID)
+				if w.branch == "" && counts.Claimed != 0 {
+					t.Errorf("recovery claimed a finished operation: %+v, branches %v", counts, branches)
+				}
+				if w.branch != "" && !contains(branches, w.branch) {
+					t.Errorf("branches %v; want %s", branches, w.branch)
+				}
+				checkInvariants(t, b.db)
+			})
+		}
+	}
+}
+
+func (b *bundle) policyStatus(t *testing.T, policyID int64) string {
+	t.Helper()
+	p, err := b.store.Get(context.Background(), b.alice, policyID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Status
 }
