@@ -17,7 +17,7 @@ import (
 // operation_events.branch) and shown on the recovery page.
 const (
 	BranchClaimed        = "claimed"           // a recovery worker took the operation over
-	BranchResumed        = "resumed"           // the first step not DONE had not started: run on from it
+	BranchResumed        = "resumed"           // running on: from a step that had not started, or after a step's outcome was learned
 	BranchCompleted      = "completed"         // the system says COMPLETED: finish the step locally
 	BranchRejected       = "rejected"          // the system says REJECTED: the step FAILED
 	BranchNotStarted     = "not_started"       // NOT_STARTED and every deadline passed: the same call again, same key

@@ -243,6 +243,9 @@ func (r *runner) recordAnswer(ctx context.Context, tx pgx.Tx, p *pending, got an
 		if err := r.finishStep(ctx, tx, p.index, StepDone, external.TruthCompleted, answerJSON(res), why); err != nil {
 			return nil, err
 		}
+		if r.branch != "" {
+			r.branch = BranchResumed // what follows is the workflow running on, not the decision
+		}
 		return r.advance(ctx, tx, true)
 	case external.Rejected:
 		if err := r.finishStep(ctx, tx, p.index, StepFailed, external.TruthRejected, answerJSON(res), why); err != nil {
