@@ -18,6 +18,7 @@ type dataset struct {
 	policies  []policyRef // shuffled; next hands each out once
 	next      atomic.Int64
 	slots     []int64
+	nextSlot  atomic.Int64 // takeSlot hands each slot out once
 }
 
 type customer struct {
@@ -38,6 +39,16 @@ func (d *dataset) takePolicy() (policyRef, bool) {
 		return policyRef{}, false
 	}
 	return d.policies[i], true
+}
+
+// takeSlot hands out a slot no other intent has had, or false when they
+// are used up: bookings that never contend.
+func (d *dataset) takeSlot() (int64, bool) {
+	i := d.nextSlot.Add(1) - 1
+	if i >= int64(len(d.slots)) {
+		return 0, false
+	}
+	return d.slots[i], true
 }
 
 // demoCustomers are used with -reset=false: the tokens every fresh app

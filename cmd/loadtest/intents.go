@@ -213,6 +213,18 @@ func bookAndRelease(ctx context.Context, w *worker) error {
 	return nil
 }
 
+// bookFreeSlot: one booking of a slot nobody else wants — the unit bench
+// measures against its floor.
+func bookFreeSlot(ctx context.Context, w *worker) error {
+	slot, ok := w.d.takeSlot()
+	if !ok {
+		return errExhausted
+	}
+	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]
+	w.c.send(ctx, bookRequest(slot, cu.token, w.newKey()))
+	return nil
+}
+
 // readLists: what a user's screen loads between actions.
 func readLists(ctx context.Context, w *worker) error {
 	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]

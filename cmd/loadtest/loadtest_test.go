@@ -34,6 +34,7 @@ func TestScenariosAgainstTheRealApp(t *testing.T) {
 		{"cancel", "1s"},
 		{"replay", "1s"},
 		{"book", "1s"},
+		{"book-free", "1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.scenario, func(t *testing.T) {

@@ -29,8 +29,9 @@ type weighted struct {
 // sends for it. It returns errExhausted when there is nothing left to do.
 type intent func(ctx context.Context, w *worker) error
 
-// errExhausted: the dataset's ACTIVE policies are used up; the client stops.
-var errExhausted = errors.New("no ACTIVE policy left to cancel")
+// errExhausted: the dataset's ACTIVE policies (or free slots) are used up;
+// the client stops.
+var errExhausted = errors.New("nothing left: no ACTIVE policy to cancel or free slot to book")
 
 var flakyProvider = map[string]any{
 	"mode": "flaky", "idempotent": true,
@@ -70,6 +71,9 @@ var scenarios = map[string]*scenario{
 	"book": {order: 8,
 		about:   "book a random slot with a fresh key; a winner releases it at once (contention: use few -slots)",
 		intents: []weighted{{1, raceBook}}},
+	"book-free": {order: 9,
+		about:   "each slot booked once, by one request with one key: bookings that never contend (use many -slots)",
+		intents: []weighted{{1, bookFreeSlot}}},
 }
 
 // pick draws one of the scenario's intents by weight.

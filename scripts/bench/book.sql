@@ -1,24 +1,22 @@
 -- One booking attempt under contention as the app commits it, for pgbench
--- (scripts/bench/bench.sh): claim the key; then the conditional UPDATE of
--- internal/slots/booking.go, the booking row and the key's stored answer in
--- one commit (a loser stores its 409 slot-taken the same way). A winner
--- releases the slot at once, as loadtest's book workload does: a second key
--- and a second commit. pgbench -D slots=8 picks among slots 1..8.
+-- (scripts/bench/bench.sh): the key's claim, the conditional UPDATE of
+-- internal/slots/booking.go, the booking row, its event and the key's stored
+-- answer in one commit (a loser stores its 409 slot-taken the same way). A
+-- winner releases the slot at once, as loadtest's book workload does: a
+-- second key and a second commit. pgbench -D slots=8 picks among slots 1..8.
 
 \set sid random(1, :slots)
 \set uid random(1, 3)
 SELECT nextval('pgbench_key_seq') AS k \gset
 
--- 1. Claim the key.
+-- 1. Claim the key, book (0 rows: taken), the event, the stored answer.
+BEGIN;
 INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
                               lease_expires_at, created_at, expires_at)
 VALUES (:uid, 'pgbench-book-' || :k, sha256(('book ' || :k)::bytea), 'IN_PROGRESS', gen_random_uuid(),
         now() + interval '30 seconds', now(), now() + interval '24 hours')
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING owner_token AS key_token \gset
-
--- 2. Book (0 rows: taken) and store the answer.
-BEGIN;
 WITH claimed AS (
         UPDATE slots
            SET status = 'BOOKED',
@@ -31,6 +29,10 @@ WITH claimed AS (
         SELECT booking_id, id, :uid FROM claimed
         RETURNING id)
 SELECT coalesce(max(id), 0) AS bid FROM booked \gset
+\if :bid > 0
+INSERT INTO outbox (id, type, key, payload, transport, status)
+SELECT gen_random_uuid(), 'booking.confirmed', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING' FROM events_config c;
+\endif
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = CASE WHEN :bid > 0 THEN 201 ELSE 409 END,
        response_headers = '{"Content-Type": ["application/json"]}',
@@ -41,15 +43,17 @@ UPDATE idempotency_keys
 COMMIT;
 
 \if :bid > 0
--- 3. The winner releases the slot: its own key, its own commit.
+-- 2. The winner releases the slot: its own key, its own commit.
+BEGIN;
 INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
                               lease_expires_at, created_at, expires_at)
 VALUES (:uid, 'pgbench-release-' || :k, sha256(('release ' || :k)::bytea), 'IN_PROGRESS', gen_random_uuid(),
         now() + interval '30 seconds', now(), now() + interval '24 hours')
 RETURNING owner_token AS release_token \gset
-BEGIN;
 UPDATE bookings SET status = 'CANCELLED', cancelled_at = now() WHERE id = :bid AND status = 'CONFIRMED';
 UPDATE slots SET status = 'AVAILABLE', booking_id = NULL WHERE id = :sid AND booking_id = :bid;
+INSERT INTO outbox (id, type, key, payload, transport, status)
+SELECT gen_random_uuid(), 'booking.released', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING' FROM events_config c;
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = 200,
        response_headers = '{"Content-Type": ["application/json"]}',

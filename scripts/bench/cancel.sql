@@ -2,7 +2,7 @@
 -- The writes of internal/idempotency/store.go, internal/workflow/run.go (with
 -- the cancellation's steps, internal/policies/steps.go), internal/events and
 -- the two fakes, in the same commits:
---   claim tx · tx 1 (intent, provider_cancel SENT) · the provider's tx ·
+--   tx 1 (the key's claim, the intent, provider_cancel SENT) · the provider's tx ·
 --   tx 2 (its outcome, mark_cancelled, publish_event, refund SENT) ·
 --   the payments service's tx · tx 3 (the refund's outcome, audit, the answer).
 -- Left out, because they write nothing: the bearer-token lookup, the key
@@ -11,16 +11,16 @@
 -- The next ACTIVE policy (the run's sequence hands each out once) and its owner.
 SELECT id AS pid, user_id AS uid FROM policies WHERE id = (SELECT nextval('pgbench_policy_seq')) \gset
 
--- 1. Claim the idempotency key (autocommit, Store.Claim).
+-- 1. The key's claim, the first statement of the workflow's first transaction
+--    (Attempt.Claim), then record_intent, the steps, provider_cancel SENT and
+--    its call, the events.
+BEGIN;
 INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, status, owner_token,
                               lease_expires_at, created_at, expires_at)
 SELECT :uid::bigint, 'pgbench-cancel-' || :pid::bigint, sha256(('cancel ' || :pid::bigint)::bytea), 'IN_PROGRESS', gen_random_uuid(),
        now() + interval '30 seconds', now(), now() + interval '24 hours'
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING owner_token AS key_token \gset
-
--- 2. record_intent, the steps, provider_cancel SENT and its call, the events.
-BEGIN;
 INSERT INTO operations (policy_id, operation_type, user_id, idempotency_key, reason, status,
                         owner_token, owner_id, lease_expires_at)
 SELECT id, 'CANCEL', user_id, 'pgbench-cancel-' || :pid::bigint, 'pgbench', 'IN_PROGRESS',
@@ -52,7 +52,7 @@ SELECT :opid::bigint, NULL, 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-
   FROM unnest(ARRAY['record_intent', 'provider_cancel']) AS s;
 COMMIT;
 
--- 3. The provider records the request and applies the effect (fake.receive).
+-- 2. The provider records the request and applies the effect (fake.receive).
 BEGIN;
 INSERT INTO fake_provider.requests (idempotency_key, policy_id, reason, outcome, reject_reason, completes_at)
 VALUES (:opid::text || ':' || 'provider_cancel', :pid::bigint, 'pgbench', 'ACCEPTED', NULL, now())
@@ -61,7 +61,7 @@ INSERT INTO fake_provider.effects (idempotency_key, policy_id, applied_at)
 VALUES (:opid::text || ':' || 'provider_cancel', :pid::bigint, now());
 COMMIT;
 
--- 4. The provider's outcome, mark_cancelled, publish_event, refund SENT.
+-- 3. The provider's outcome, mark_cancelled, publish_event, refund SENT.
 BEGIN;
 INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
 VALUES (:opid::bigint, :opid::text || ':' || 'provider_cancel', 'answer', :call1::bigint, 'provider', 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5);
@@ -110,7 +110,7 @@ SELECT :opid::bigint, 'IN_PROGRESS', 'IN_PROGRESS', 'pgbench', :op_token::uuid, 
   FROM unnest(ARRAY['provider_cancel', 'mark_cancelled', 'publish_event', 'refund']) AS s;
 COMMIT;
 
--- 5. The payments service records the refund and moves the money (fake receiveRefund).
+-- 4. The payments service records the refund and moves the money (fake receiveRefund).
 BEGIN;
 INSERT INTO fake_payments.refunds (idempotency_key, policy_id, amount_cents, reason, outcome, completes_at)
 VALUES (:opid::text || ':' || 'refund', :pid::bigint, :cents::bigint, 'pgbench', 'ACCEPTED', now())
@@ -119,7 +119,7 @@ INSERT INTO fake_payments.ledger (kind, idempotency_key, policy_id, amount_cents
 VALUES ('refund', :opid::text || ':' || 'refund', :pid::bigint, :cents::bigint, now());
 COMMIT;
 
--- 6. The refund's outcome, audit, SUCCEEDED, the events, the key's stored
+-- 5. The refund's outcome, audit, SUCCEEDED, the events, the key's stored
 --    answer — one commit (the workflow with the handler's Finish).
 BEGIN;
 INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
