@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
@@ -39,6 +40,7 @@ type bundle struct {
 	db        *testdb.DB
 	store     *policies.Store
 	engine    *workflow.Engine
+	reg       *prometheus.Registry // the engine's metrics
 	fake      *fake.Provider
 	payments  *paymentsfake.Payments
 	payURL    string
@@ -73,7 +75,8 @@ func setupWithTimeout(t *testing.T, providerTimeout time.Duration) *bundle {
 	b.payURL = paySrv.URL
 	pay := payments.NewHTTPClient(paySrv.URL, patient)
 	t.Cleanup(pay.CloseIdleConnections)
-	b.engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second})
+	b.reg = prometheus.NewRegistry()
+	b.engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second, Registerer: b.reg})
 	b.canceller = policies.NewCanceller(b.engine, client, pay)
 
 	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.alice); err != nil {
@@ -347,6 +350,9 @@ func TestALateOwnerIsFencedOff(t *testing.T) {
 	last := events[len(events)-1]
 	if last.Branch == nil || *last.Branch != workflow.BranchFenced || last.Actor != "request A" {
 		t.Errorf("the refusal is not on the timeline: %+v", last)
+	}
+	if n := counter(t, b.reg, "idemlab_workflow_fenced_writes_total"); n != 1 {
+		t.Errorf("fenced writes counted: %v, want 1", n)
 	}
 }
 
@@ -670,4 +676,22 @@ func TestADelayedOriginalIsNotAppliedTwice(t *testing.T) {
 	if !branches[workflow.BranchNotStartedWait] || !branches[workflow.BranchNotStarted] {
 		t.Errorf("branches %v: want a wait on NOT_STARTED, then the resend", branches)
 	}
+}
+
+// counter reads a counter's total (every label) from reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
