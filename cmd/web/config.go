@@ -21,8 +21,13 @@ type config struct {
 	DatabaseURL string // DATABASE_URL
 	Addr        string // ADDR, the app's listen address
 	DBMaxConns  int32  // DB_MAX_CONNS, the pool size
-	LogLevel    slog.Level
-	LogFormat   string // LOG_FORMAT: text or json
+	// FakeDBMaxConns sizes each in-process fake's own pool
+	// (FAKE_DB_MAX_CONNS, default DB_MAX_CONNS): an external system shares
+	// nothing with the app but the database server, and a fake smaller than
+	// the app would make every benchmark measure the fake.
+	FakeDBMaxConns int32
+	LogLevel       slog.Level
+	LogFormat      string // LOG_FORMAT: text or json
 	// SessionSecret signs session cookies (SESSION_SECRET). Replicas must
 	// share it; when unset a random one is made and sessions end at restart.
 	SessionSecret string
@@ -142,6 +147,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.DBMaxConns, err = intEnv(getenv, "DB_MAX_CONNS", 8); err != nil {
+		return c, err
+	}
+	if c.FakeDBMaxConns, err = intEnv(getenv, "FAKE_DB_MAX_CONNS", c.DBMaxConns); err != nil {
 		return c, err
 	}
 	if c.ShutdownGrace, err = durationEnv(getenv, "SHUTDOWN_GRACE", 10*time.Second); err != nil {

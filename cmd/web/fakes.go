@@ -60,9 +60,6 @@ func (c config) paymentsSpec() fakeSpec {
 // the app reaches the fakes over the network). Demo mode does not open it.
 func (c config) fakeControlAccess() fault.Access { return fault.Access{Token: c.FakeControlToken} }
 
-// fakePoolConns sizes an in-process fake's own pool: a fake holds a
-// connection only while it runs a statement, never while it holds a request.
-const fakePoolConns = 4
 
 // fakeServer is one fake on its own listener.
 type fakeServer struct {
@@ -81,7 +78,7 @@ func startFake(ctx context.Context, cfg config, spec fakeSpec, pool *pgxpool.Poo
 	if pool == nil {
 		var err error
 		pool, err = database.WaitFor(ctx, logger, spec.name, func(ctx context.Context) (*pgxpool.Pool, error) {
-			return database.Open(ctx, cfg.DatabaseURL, fakePoolConns)
+			return database.Open(ctx, cfg.DatabaseURL, cfg.FakeDBMaxConns)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", spec.name, err)
