@@ -19,6 +19,7 @@ type config struct {
 	Out      string // the run's folder
 	Bin      string // a built web binary; "" builds ./cmd/web
 	Quiet    bool
+	Keep     bool // leave the system running after the checks, to study it
 
 	Clients    int
 	Timeout    time.Duration // each client attempt's timeout
@@ -68,6 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.Out, "out", "tmp/chaos", "folder for the report, the history and the processes' logs (emptied first)")
 	fs.StringVar(&c.Bin, "bin", "", "a built web binary to run (default: build ./cmd/web of this tree)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&c.Keep, "keep", false, "after the checks, leave the system running (addresses printed) until Ctrl-C")
 
 	fs.IntVar(&c.Clients, "clients", 8, "clients acting at once")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "each client attempt's timeout")

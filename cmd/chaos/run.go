@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idemlab/idemlab/cmd/chaos/check"
@@ -193,9 +194,11 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	r.say("%d customers, %d policies, %d slots; faults for %s (seed %d)", len(r.data.Customers), len(r.data.Policies), len(r.data.Slots), r.cfg.Duration, r.cfg.Seed)
 	r.log.Started = time.Now()
 
-	points := make([]string, len(policies.CrashPoints))
-	for i, p := range policies.CrashPoints {
-		points[i] = string(p)
+	// Every crash point `web serve` knows: the cancellation's and the
+	// events' (outbox insert, relay, consumers).
+	var points []string
+	for _, p := range slices.Concat(policies.CrashPoints, events.CrashPoints) {
+		points = append(points, string(p))
 	}
 	nem := nemesis.New(nemesis.Config{
 		Seed: r.cfg.Seed, KillEvery: r.cfg.KillEvery, CrashShare: r.cfg.CrashShare,
@@ -270,39 +273,23 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	}
 	sum.Text(r.out)
 	fmt.Fprintf(r.out, "report: %s\n", filepath.Join(r.dir, "report.html"))
+	if r.cfg.Keep {
+		r.keep(ctx)
+	}
 	return len(violations), nil
 }
 
-// waitQuiet waits until no operation is live, none waits for a person and
-// no key is in progress, as GET /api/v1/invariants counts them. With every
-// fault healed, an operation in reconciliation is one whose truth recovery
-// can now learn (it re-asks them): the drain waits for that too, and the
-// last-resort check reports those still waiting at the deadline.
-func (r *chaosRun) waitQuiet(ctx context.Context, deadline time.Time) error {
-	for {
-		var rep struct {
-			Counts struct {
-				OperationsByStatus map[string]int64 `json:"operations_by_status"`
-				KeysInProgress     int64            `json:"keys_in_progress"`
-			} `json:"counts"`
-		}
-		err := workload.Call(ctx, r.instances()[0], adminToken, "GET", "/api/v1/invariants?stale_after=0s", nil, &rep)
-		ops := rep.Counts.OperationsByStatus
-		live := ops["IN_PROGRESS"] + ops["RECOVERING"]
-		waiting := ops["NEEDS_RECONCILIATION"]
-		if err == nil && live == 0 && waiting == 0 && rep.Counts.KeysInProgress == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the drain timed out: %d operations live, %d waiting for a person, %d keys in progress (%v)",
-				live, waiting, rep.Counts.KeysInProgress, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+// keep prints where everything runs and waits for Ctrl-C: the state a
+// violation left behind can then be read with psql and the API.
+func (r *chaosRun) keep(ctx context.Context) {
+	fmt.Fprintf(r.out, "kept running until Ctrl-C:\n  DATABASE_URL=%s\n", r.db.URL())
+	for _, a := range r.apps {
+		fmt.Fprintf(r.out, "  %s %s (Authorization: Bearer %s)\n", a.Name(), a.URL(), adminToken)
 	}
+	for _, f := range r.fakes {
+		fmt.Fprintf(r.out, "  %s %s\n", f.Name, f.Process.URL())
+	}
+	<-ctx.Done()
 }
 
 // progress prints a line every ten seconds until ctx ends.

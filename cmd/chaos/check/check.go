@@ -66,9 +66,26 @@ type EndState struct {
 	Waiting []Operation
 	// Effects is the provider's effects ledger: policy → effects applied.
 	Effects map[int64]int
+	// Events is the outbox's overview: what was delivered and how many
+	// repeats the broker and the consumers' inboxes caught.
+	Events Events
 	// Late counts the calls the provider refused for arriving after
 	// their Request-Deadline (held calls, most of them).
 	Late int64
+}
+
+// Events is GET /api/v1/events' overview, for the figures.
+type Events struct {
+	Transport        string `json:"transport"`
+	Sent             int64  `json:"sent"`
+	Pending          int64  `json:"pending"`
+	Dead             int64  `json:"dead"`
+	BrokerDuplicates int64  `json:"broker_duplicates"`
+	Consumers        []struct {
+		Consumer   string `json:"consumer"`
+		Applied    int64  `json:"applied"`
+		Duplicates int64  `json:"duplicates"`
+	} `json:"consumers"`
 }
 
 // Operation is an operation as GET /api/v1/operations/{id} shows it.
@@ -234,7 +251,11 @@ func replayedNote(a history.Attempt) string {
 func Invariants(_ []history.Intent, _ []history.Fault, end EndState) []Violation {
 	var vs []Violation
 	for _, v := range end.Invariants.Violations {
-		vs = append(vs, Violation{Check: "invariants", Detail: fmt.Sprintf("invariant %d: %s: ids %v", v.Invariant, v.Detail, v.IDs)})
+		ids := fmt.Sprint(v.IDs)
+		if len(v.Keys) > 0 {
+			ids = fmt.Sprint(v.Keys)
+		}
+		vs = append(vs, Violation{Check: "invariants", Detail: fmt.Sprintf("invariant %d: %s: %s", v.Invariant, v.Detail, ids)})
 	}
 	return vs
 }

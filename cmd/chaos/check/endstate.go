@@ -110,6 +110,14 @@ func Fetch(ctx context.Context, src Source, intents []history.Intent) (EndState,
 		return end, err
 	}
 
+	var events struct {
+		Overview Events `json:"overview"`
+	}
+	if err := workload.Call(ctx, src.App, src.AdminToken, http.MethodGet, "/api/v1/events", nil, &events); err != nil {
+		return end, err
+	}
+	end.Events = events.Overview
+
 	var effects struct {
 		ByPolicy []struct {
 			PolicyID int64 `json:"policy_id"`

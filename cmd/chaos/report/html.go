@@ -48,6 +48,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}code,pre{font-size:.85re
 	row("requests", s.Requests, "")
 	row("500s", s.Count500(), "")
 	row("provider effects", s.Effects, fmt.Sprintf("%d policies more than once; %d late calls refused (Request-Deadline)", s.Doubled, s.Late))
+	row("events", int(s.Events.Sent), s.EventsText())
 	row("waiting for a person", s.Waiting, "")
 	row("handed over to recovery", len(s.ClaimLags), "answer → claim: "+s.ClaimLagText())
 	b.WriteString(`</table>`)

@@ -38,7 +38,8 @@ type Summary struct {
 	Effects  int   // provider effects applied
 	Doubled  int   // policies with more than one effect
 	Late     int64 // calls the provider refused as past their deadline
-	Waiting  int   // operations waiting for a person at the end
+	Events   check.Events
+	Waiting  int // operations waiting for a person at the end
 	// ClaimLags are, for each cancellation answered 202 (handed over to
 	// recovery), the time from the answer to recovery's claim, sorted.
 	ClaimLags []time.Duration
@@ -57,7 +58,7 @@ func Summarize(log *history.Log, intents []history.Intent, faults []history.Faul
 		Seed: log.Seed, Started: log.Started, Healed: log.Healed, Drained: log.Drained,
 		Faults: map[string]int{}, Kills: map[string]int{}, Crashes: map[string]int{},
 		Intents: map[string]int{}, Answers: map[string]int{}, Kinds5xx: kinds5xx,
-		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: len(end.Waiting), Late: end.Late,
+		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: len(end.Waiting), Late: end.Late, Events: end.Events,
 		intents: intents, faults: faults,
 	}
 	s.Duration = s.Healed.Sub(s.Started)
@@ -134,6 +135,17 @@ func (s Summary) ClaimLagText() string {
 	return fmt.Sprintf("p50 %s, p90 %s, p99 %s, max %s (%d operations handed over)", at(0.5), at(0.9), at(0.99), s.ClaimLags[n-1].Round(time.Millisecond), n)
 }
 
+// EventsText describes the outbox: "1,200 sent over nats, 0 dead; repeats
+// caught: broker 3, notifications 5, ledger 4".
+func (s Summary) EventsText() string {
+	e := s.Events
+	t := fmt.Sprintf("%d sent over %s, %d pending, %d dead; repeats caught: broker %d", e.Sent, cmp.Or(e.Transport, "?"), e.Pending, e.Dead, e.BrokerDuplicates)
+	for _, c := range e.Consumers {
+		t += fmt.Sprintf(", %s %d (applied %d)", c.Consumer, c.Duplicates, c.Applied)
+	}
+	return t
+}
+
 // Text writes the summary for a terminal.
 func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "chaos run, seed %d: %s of faults, drained in %s\n", s.Seed, s.Duration.Round(time.Second), s.Drain.Round(100*time.Millisecond))
@@ -149,6 +161,7 @@ func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "  5xx by kind     %s\n", orNone(counts(s.Kinds5xx)))
 	fmt.Fprintf(w, "  500s            %d\n", s.Count500())
 	fmt.Fprintf(w, "  effects         %d at the provider (%d policies more than once; %d late calls refused)\n", s.Effects, s.Doubled, s.Late)
+	fmt.Fprintf(w, "  events          %s\n", s.EventsText())
 	fmt.Fprintf(w, "  for a person    %d operations wait in reconciliation\n", s.Waiting)
 	fmt.Fprintf(w, "  hand-over→claim %s\n", s.ClaimLagText())
 	for _, n := range s.Notes {
