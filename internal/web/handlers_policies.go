@@ -1,7 +1,6 @@
 package web
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -132,17 +131,8 @@ func cancelAnswer(op workflow.Operation) (idempotency.Response, error) {
 		if op.LastError != nil {
 			reason = *op.LastError
 		}
-		p := problem.New(http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation", reason).
-			With("operation_id", op.ID).With("operation_url", operationURL(op.ID))
-		body, err := json.Marshal(p)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		return idempotency.Response{
-			Status: http.StatusUnprocessableEntity,
-			Header: http.Header{echo.HeaderContentType: {problem.ContentType}},
-			Body:   append(body, '\n'),
-		}, nil
+		return problemResponse(problem.New(http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation", reason).
+			With("operation_id", op.ID).With("operation_url", operationURL(op.ID)))
 	default: // IN_PROGRESS: the outcome is unknown; it is not a failure
 		resp, err := idempotency.JSONResponse(http.StatusAccepted, op)
 		resp.Header.Set(echo.HeaderLocation, operationURL(op.ID))

@@ -78,6 +78,11 @@ func problemAnswer(c echo.Context, refusal error) (idempotency.Response, error) 
 		return idempotency.Response{}, refusal // not a refusal this layer can word: fail
 	}
 	p.Instance = c.Request().URL.Path
+	return problemResponse(p)
+}
+
+// problemResponse is p as a stored answer: the bytes problem.Write sends.
+func problemResponse(p *problem.Problem) (idempotency.Response, error) {
 	body, err := json.Marshal(p)
 	if err != nil {
 		return idempotency.Response{}, err
