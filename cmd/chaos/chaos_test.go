@@ -1,0 +1,30 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestAMinuteOfChaosBreaksNoPromise is the chaos run of make test: the
+// tool itself, built from this tree, for 60 s with the default nemesis —
+// kills, crash points, pauses, network delays and held calls, fault flips,
+// database restarts — then the heal, the drain and every check. Any
+// violation fails the test with the run's summary; the report, history and
+// logs stay in the test's folder (printed on failure).
+func TestAMinuteOfChaosBreaksNoPromise(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-duration", "60s", "-drain", "2m", "-seed", "11", "-quiet", "-out", out}, &stdout, &stderr)
+	if code != exitOK {
+		keep := filepath.Join(os.TempDir(), "chaos-test-"+time.Now().Format("150405"))
+		os.CopyFS(keep, os.DirFS(out))
+		t.Fatalf("chaos run exited %d (report and logs in %s)\n%s\n%s", code, keep, stdout.String(), stderr.String())
+	}
+	t.Log(stdout.String())
+}
