@@ -1,0 +1,165 @@
+package labs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Lab is one lesson: a scenario, its variants, and what to read.
+type Lab struct {
+	Number int    `json:"number"` // its place in the list (docs/labs.md)
+	Name   string `json:"name"`   // in URLs: /labs/{name}, /api/v1/labs/{name}/runs
+	Title  string `json:"title"`
+	// Lesson is the one paragraph the page opens with: what goes wrong, and
+	// what prevents it.
+	Lesson string `json:"lesson"`
+	// Columns are the counts the result table shows, in order.
+	Columns []Column `json:"columns"`
+	// Code lists the lines that make the difference between the variants.
+	Code []CodeRef `json:"code"`
+
+	// run runs every variant and returns them in order, broken first.
+	run func(ctx context.Context, e *env) ([]Variant, error)
+}
+
+// Column is one count of the result table: a key of Variant.Counts and what
+// it means in this lab.
+type Column struct {
+	Key   string `json:"key"`
+	Label string `json:"label"`
+	// Bad marks a count that should be zero: a duplicate, a loss.
+	Bad bool `json:"bad,omitempty"`
+}
+
+// The counts most labs report.
+var (
+	colExecutions = Column{Key: "executions", Label: "executions"}
+	colEffects    = Column{Key: "effects", Label: "effects"}
+	colDuplicates = Column{Key: "duplicates", Label: "duplicate effects", Bad: true}
+	colLost       = Column{Key: "lost", Label: "lost", Bad: true}
+	colRefused    = Column{Key: "refused", Label: "stopped by a guard"}
+)
+
+// CodeRef points at one line of idemlab's source. Line is kept honest by a
+// test: the line must contain Text.
+type CodeRef struct {
+	Path string `json:"path"` // from the repository's root
+	Line int    `json:"line"`
+	Text string `json:"text"` // what the line says (a fragment)
+	Says string `json:"says"` // why it matters, in a sentence
+}
+
+// Variant is one run of the scenario: its numbers, its timeline, a verdict.
+type Variant struct {
+	Name  string `json:"name"` // "broken", "correct", or the policy it tries
+	Title string `json:"title"`
+	// Broken marks the variant made wrong on purpose.
+	Broken bool `json:"broken"`
+	// Held reports whether the promise the lab is about held in this run.
+	Held     bool           `json:"held"`
+	Counts   map[string]int `json:"counts"`
+	Timeline []Event        `json:"timeline"`
+	Verdict  string         `json:"verdict"`
+	// NotRun says why the variant could not run here ("" when it ran).
+	NotRun string `json:"not_run,omitempty"`
+}
+
+// Event is one line of a variant's timeline.
+type Event struct {
+	AtMS  float64 `json:"at_ms"` // since the variant started
+	Actor string  `json:"actor"`
+	What  string  `json:"what"`
+	// Bad marks the moment something went wrong.
+	Bad bool `json:"bad,omitempty"`
+}
+
+// timeline records a variant's events as they happen, from any goroutine.
+// The scenario's schedule decides their order, so it is the same every run.
+type timeline struct {
+	start  time.Time
+	mu     sync.Mutex
+	events []Event
+}
+
+func newTimeline() *timeline { return &timeline{start: time.Now()} }
+
+// say records what actor did.
+func (t *timeline) say(actor, format string, args ...any) { t.add(false, actor, format, args...) }
+
+// wrong records the moment something went wrong.
+func (t *timeline) wrong(actor, format string, args ...any) { t.add(true, actor, format, args...) }
+
+func (t *timeline) add(bad bool, actor, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at := float64(time.Since(t.start).Microseconds()) / 1000
+	t.events = append(t.events, Event{AtMS: at, Actor: actor, What: fmt.Sprintf(format, args...), Bad: bad})
+}
+
+func (t *timeline) list() []Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.events)
+}
+
+// labCrash is a lab's crash point: the variant's "process" stops there —
+// nothing after the point runs, and nothing it held in memory survives for
+// the retry, which starts afresh as another process would. Only what was
+// durable (committed rows, Redis keys) is left, exactly as after a SIGKILL.
+type labCrash string
+
+// errCrashed ends a variant's work at its crash point.
+var errCrashed = errors.New("labs: crashed at the lab's crash point")
+
+// ErrUnknownLab: no lab has that name.
+var ErrUnknownLab = errors.New("labs: no such lab")
+
+// catalogue is every lab, in the order of the list.
+var catalogue = []*Lab{
+	redisLab,
+	fencingLab,
+	claimLab,
+	inboxLab,
+	relayLab,
+	nullLab,
+	compensationLab,
+	beliefLab,
+	statusLab,
+	timeoutsLab,
+}
+
+// All lists the labs in order.
+func All() []Lab {
+	out := make([]Lab, len(catalogue))
+	for i, l := range catalogue {
+		out[i] = *l
+	}
+	return out
+}
+
+// Find returns the lab called name.
+func Find(name string) (Lab, bool) {
+	for _, l := range catalogue {
+		if l.Name == name {
+			return *l, true
+		}
+	}
+	return Lab{}, false
+}
+
+// held says whether the variant ran and none of its bad counts is above zero.
+func (l *Lab) held(v Variant) bool {
+	if v.NotRun != "" {
+		return false
+	}
+	for _, c := range l.Columns {
+		if c.Bad && v.Counts[c.Key] > 0 {
+			return false
+		}
+	}
+	return true
+}

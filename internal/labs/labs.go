@@ -1,0 +1,360 @@
+package labs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// Config is what the labs need from the environment.
+type Config struct {
+	// RedisURL is the Redis the Redis lab keeps its keys in (REDIS_URL).
+	// Default redis://127.0.0.1:6379/0.
+	RedisURL string
+	// RedisPrefix starts every key the labs write to that Redis. Default
+	// "idemlab:labs:<database>:", so databases sharing one Redis (the
+	// tests') never meet.
+	RedisPrefix string
+	// RedisServer is the redis-server binary the Redis lab starts, on a
+	// free port of its own, to restart it without persistence
+	// (REDIS_SERVER). Default "redis-server" from PATH.
+	RedisServer string
+	// Timeouts is what the timeout lab needs of the app (nil: that lab
+	// answers ErrUnavailable).
+	Timeouts *TimeoutsDeps
+	Logger   *slog.Logger
+}
+
+// Labs runs labs and keeps their results. It is safe for concurrent use:
+// every run has its own id, and everything a run writes carries it.
+type Labs struct {
+	pool  *pgxpool.Pool // the app's: a run's one transaction (key, result)
+	lab   *pgxpool.Pool // search_path = labs: the scenarios' connections
+	redis *redis.Client
+	cfg   Config
+
+	mu      sync.Mutex
+	systems map[string]*fakeSystem // started on first use
+}
+
+// maxLabConns bounds the connections the scenarios use at once, so labs
+// never starve the app's pool: they have a pool of their own.
+const maxLabConns = 12
+
+// New returns the labs over pool's database. It opens a pool of its own
+// whose connections see the labs schema first (search_path = labs), and a
+// Redis client; neither connects before a lab needs it.
+func New(pool *pgxpool.Pool, cfg Config) (*Labs, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	pc := pool.Config().Copy()
+	pc.MaxConns = maxLabConns
+	pc.MinConns = 0
+	// Unqualified names are the lab's tables: the app's own code (the
+	// idempotency store, the consumer rule) runs on them unchanged.
+	pc.ConnConfig.RuntimeParams["search_path"] = "labs"
+	lab, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("labs: pool: %w", err)
+	}
+	opts, err := redis.ParseURL(cmp.Or(cfg.RedisURL, "redis://127.0.0.1:6379/0"))
+	if err != nil {
+		lab.Close()
+		return nil, fmt.Errorf("labs: REDIS_URL: %w", err)
+	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+	if cfg.RedisPrefix == "" {
+		cfg.RedisPrefix = "idemlab:labs:" + pool.Config().ConnConfig.Database + ":"
+	}
+	cfg.RedisServer = cmp.Or(cfg.RedisServer, "redis-server")
+	return &Labs{pool: pool, lab: lab, redis: redis.NewClient(opts), cfg: cfg, systems: map[string]*fakeSystem{}}, nil
+}
+
+// Close stops the fake systems and closes the pool and the Redis client.
+func (l *Labs) Close() {
+	l.mu.Lock()
+	for _, s := range l.systems {
+		s.close()
+	}
+	l.systems = map[string]*fakeSystem{}
+	l.mu.Unlock()
+	l.redis.Close()
+	l.lab.Close()
+}
+
+// Errors a run or a lookup returns.
+var (
+	// ErrRunNotFound: no run with that id, of that lab, that the caller may see.
+	ErrRunNotFound = errors.New("labs: run not found")
+	// ErrUnavailable: the lab needs a part this process does not have.
+	ErrUnavailable = errors.New("labs: the lab cannot run here")
+)
+
+// Run is one finished run of a lab: every variant, in order.
+type Run struct {
+	ID         int64     `json:"id"`
+	Lab        string    `json:"lab"`
+	UserID     int64     `json:"user_id"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	Variants   []Variant `json:"variants"`
+	// Operations are the timeout lab's cancellations, followed live on its
+	// page and in GET …/runs/{id}.
+	Operations []int64 `json:"operations,omitempty"`
+}
+
+// result is what labs.runs.result holds.
+type result struct {
+	Variants   []Variant `json:"variants"`
+	Operations []int64   `json:"operations,omitempty"`
+}
+
+// RunRequest asks for one run of a lab.
+type RunRequest struct {
+	Lab    string
+	UserID int64
+}
+
+// keptRuns is how many runs of each lab a user keeps; older ones are
+// deleted in the commit of the next.
+const keptRuns = 20
+
+// Run runs the lab for the user as a one-commit workflow (see the package
+// doc): hooks.Begin claims the request's key, the scenario runs on the
+// lab's own connections, the result is inserted and hooks.Finish stores the
+// answer — one commit, or none. It returns ErrUnknownLab before anything
+// runs, ErrUnavailable when the lab needs what this process lacks, or the
+// scenario's failure, after which nothing was committed.
+func (l *Labs) Run(ctx context.Context, req RunRequest, hooks workflow.Hooks[Run]) (Run, error) {
+	lab, ok := Find(req.Lab)
+	if !ok {
+		return Run{}, ErrUnknownLab
+	}
+	var run Run
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err // a duplicate of this request waited here, and answers from the key
+		}
+		var err error
+		if run, err = l.runScenario(ctx, lab, req.UserID); err != nil {
+			return err
+		}
+		res := result{Variants: run.Variants, Operations: run.Operations}
+		err = tx.QueryRow(ctx, `
+			INSERT INTO labs.runs (id, lab, user_id, started_at, finished_at, result)
+			VALUES ($1, $2, $3, $4, clock_timestamp(), $5)
+			RETURNING finished_at`, run.ID, run.Lab, run.UserID, run.StartedAt, res).Scan(&run.FinishedAt)
+		if err != nil {
+			return fmt.Errorf("labs: record run: %w", err)
+		}
+		_, err = tx.Exec(ctx, `
+			DELETE FROM labs.runs
+			 WHERE user_id = $1
+			   AND lab = $2
+			   -- the user's newest runs of this lab stay
+			   AND id < (SELECT min(id)
+			               FROM (SELECT id
+			                       FROM labs.runs
+			                      WHERE user_id = $1
+			                        AND lab = $2
+			                      ORDER BY id DESC
+			                      LIMIT $3) AS newest)`, run.UserID, run.Lab, keptRuns)
+		if err != nil {
+			return fmt.Errorf("labs: forget old runs: %w", err)
+		}
+		return hooks.RunFinish(ctx, tx, run, nil)
+	})
+	if err != nil {
+		return Run{}, err
+	}
+	return run, nil
+}
+
+// runScenario runs every variant of lab under a new run id and deletes the
+// run's scratch rows afterwards, whatever happened.
+func (l *Labs) runScenario(ctx context.Context, lab Lab, userID int64) (Run, error) {
+	run := Run{Lab: lab.Name, UserID: userID}
+	if err := l.lab.QueryRow(ctx, `SELECT nextval('labs.run_ids'), now()`).Scan(&run.ID, &run.StartedAt); err != nil {
+		return Run{}, fmt.Errorf("labs: new run: %w", err)
+	}
+	e := &env{Labs: l, run: run.ID, user: userID}
+	defer e.cleanup()
+	variants, err := lab.run(ctx, e)
+	if err != nil {
+		return Run{}, fmt.Errorf("labs: %s: %w", lab.Name, err)
+	}
+	for i := range variants {
+		// The promise held when none of the counts that must stay zero is above it.
+		variants[i].Held = lab.held(variants[i])
+		if variants[i].Counts == nil {
+			variants[i].Counts = map[string]int{}
+		}
+		if variants[i].Timeline == nil {
+			variants[i].Timeline = []Event{}
+		}
+	}
+	run.Variants, run.Operations = variants, e.operations
+	return run, nil
+}
+
+// Get returns run id of lab, if the user ran it (an admin sees every run).
+func (l *Labs) Get(ctx context.Context, lab string, id, userID int64, asAdmin bool) (Run, error) {
+	rows, err := l.pool.Query(ctx, `
+		SELECT id, lab, user_id, started_at, finished_at, result
+		  FROM labs.runs
+		 WHERE id = $1
+		   AND lab = $2
+		   -- someone else's run is "not found", as any other row of theirs
+		   AND (user_id = $3 OR $4)`, id, lab, userID, asAdmin)
+	if err != nil {
+		return Run{}, fmt.Errorf("labs: run %d: %w", id, err)
+	}
+	r, err := pgx.CollectExactlyOneRow(rows, scanRun)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, ErrRunNotFound
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("labs: run %d: %w", id, err)
+	}
+	return r, nil
+}
+
+// Latest returns the user's newest runs of lab, newest first.
+func (l *Labs) Latest(ctx context.Context, lab string, userID int64, limit int) ([]Run, error) {
+	rows, err := l.pool.Query(ctx, `
+		SELECT id, lab, user_id, started_at, finished_at, result
+		  FROM labs.runs
+		 WHERE user_id = $1
+		   AND lab = $2
+		 ORDER BY id DESC
+		 LIMIT $3`, userID, lab, limit)
+	if err != nil {
+		return nil, fmt.Errorf("labs: runs of %s: %w", lab, err)
+	}
+	runs, err := pgx.CollectRows(rows, scanRun)
+	if err != nil {
+		return nil, fmt.Errorf("labs: runs of %s: %w", lab, err)
+	}
+	return runs, nil
+}
+
+func scanRun(row pgx.CollectableRow) (Run, error) {
+	var r Run
+	var res result
+	if err := row.Scan(&r.ID, &r.Lab, &r.UserID, &r.StartedAt, &r.FinishedAt, &res); err != nil {
+		return Run{}, err
+	}
+	r.Variants, r.Operations = res.Variants, res.Operations
+	return r, nil
+}
+
+// env is what a scenario gets: the labs' parts and its run's identity.
+type env struct {
+	*Labs
+	run  int64
+	user int64
+
+	mu         sync.Mutex
+	subjects   []int64  // subjects of the fake systems this run used
+	redisKeys  []string // Redis keys this run wrote
+	operations []int64  // the timeout lab's cancellations
+}
+
+// subject returns a new subject id for the fake systems: no other run, and
+// no real policy, has it.
+func (e *env) subject(ctx context.Context) (int64, error) {
+	var id int64
+	if err := e.lab.QueryRow(ctx, `SELECT nextval('labs.subject_ids')`).Scan(&id); err != nil {
+		return 0, fmt.Errorf("labs: subject: %w", err)
+	}
+	e.mu.Lock()
+	e.subjects = append(e.subjects, id)
+	e.mu.Unlock()
+	return id, nil
+}
+
+// redisKey names the Redis key of a name of this run (e.name), under the
+// labs' prefix, and remembers it for cleanup.
+func (e *env) redisKey(name string) string {
+	k := e.cfg.RedisPrefix + name
+	e.mu.Lock()
+	if !slices.Contains(e.redisKeys, k) {
+		e.redisKeys = append(e.redisKeys, k)
+	}
+	e.mu.Unlock()
+	return k
+}
+
+// scratch lists every labs table a scenario writes with its run's id.
+var scratch = []string{
+	`DELETE FROM effects WHERE run_id = $1`,
+	`DELETE FROM operations_without_unique WHERE run_id = $1`,
+	`DELETE FROM operations WHERE run_id = $1`,
+	`DELETE FROM claims_without_unique WHERE run_id = $1`,
+	`DELETE FROM outbox WHERE run_id = $1`,
+	`DELETE FROM published WHERE run_id = $1`,
+	`DELETE FROM bookings_plain_unique WHERE run_id = $1`,
+	`DELETE FROM bookings_partial_unique WHERE run_id = $1`,
+	`DELETE FROM deposit_bookings WHERE run_id = $1`,
+	// rows keyed by names that carry the run: "run 7 …"
+	`DELETE FROM idempotency_keys WHERE idempotency_key LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM inbox WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM event_deliveries WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM consumer_effects WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM external_systems WHERE name LIKE 'run-' || $1::bigint || '-%'`,
+}
+
+// cleanup deletes what the run wrote: its scratch rows, its fake systems'
+// records and faults, its Redis keys. Bounded and best effort: a failure
+// is logged, the result stands.
+func (e *env) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	batch := &pgx.Batch{}
+	for _, stmt := range scratch {
+		batch.Queue(stmt, e.run)
+	}
+	e.mu.Lock()
+	subjects, keys := e.subjects, e.redisKeys
+	e.mu.Unlock()
+	if len(subjects) > 0 {
+		batch.Queue(`DELETE FROM fake_effects WHERE subject_id = ANY($1)`, subjects)
+		batch.Queue(`DELETE FROM fake_requests WHERE subject_id = ANY($1)`, subjects)
+		// The fault machinery's rows for this run's subjects: the lab's own
+		// systems only ('labs…'), never the provider's or payments'.
+		subjectNames := make([]string, len(subjects))
+		for i, s := range subjects {
+			subjectNames[i] = fmt.Sprintf("policy:%d", s)
+		}
+		batch.Queue(`DELETE FROM fault.script WHERE system LIKE 'labs%' AND subject = ANY($1)`, subjectNames)
+		batch.Queue(`DELETE FROM fault.settings WHERE system LIKE 'labs%' AND subject = ANY($1)`, subjectNames)
+		batch.Queue(`DELETE FROM fault.late_arrivals WHERE system LIKE 'labs%' AND subject = ANY($1)`, subjectNames)
+	}
+	if err := e.lab.SendBatch(ctx, batch).Close(); err != nil {
+		e.cfg.Logger.Warn("labs: cleanup", "run", e.run, "err", err)
+	}
+	if len(keys) > 0 {
+		if err := e.redis.Del(ctx, keys...).Err(); err != nil {
+			e.cfg.Logger.Warn("labs: cleanup of Redis keys", "run", e.run, "err", err)
+		}
+	}
+}
+
+// name is a name that carries the run, for rows keyed by text: keys,
+// consumers, systems ("run-7-broken").
+func (e *env) name(parts ...string) string {
+	return fmt.Sprintf("run-%d-%s", e.run, strings.Join(parts, "-"))
+}

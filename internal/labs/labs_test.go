@@ -1,0 +1,240 @@
+package labs_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/labs"
+	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// setup returns the labs over a fresh database, and a user to run them as.
+func setup(t *testing.T) (*labs.Labs, *testdb.DB, int64) {
+	t.Helper()
+	db := testdb.New(t)
+	l, err := labs.New(db.Pool, labs.Config{RedisPrefix: "idemlab:test:" + db.Name + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	var user int64
+	err = db.Pool.QueryRow(context.Background(), `
+		INSERT INTO users (name, api_token_sha256)
+		VALUES ('lab-tester', sha256('lab-tester'::bytea))
+		RETURNING id`).Scan(&user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, db, user
+}
+
+// run runs the lab once and returns its variants by name.
+func run(t *testing.T, l *labs.Labs, user int64, lab string) map[string]labs.Variant {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := l.Run(ctx, labs.RunRequest{Lab: lab, UserID: user}, workflow.Hooks[labs.Run]{})
+	if err != nil {
+		t.Fatalf("%s: %v", lab, err)
+	}
+	out := map[string]labs.Variant{}
+	for _, v := range r.Variants {
+		out[v.Name] = v
+	}
+	return out
+}
+
+// want checks a variant's counts and whether its promise held.
+func want(t *testing.T, v labs.Variant, held bool, counts map[string]int) {
+	t.Helper()
+	if v.NotRun != "" {
+		t.Fatalf("%s did not run: %s", v.Name, v.NotRun)
+	}
+	for k, n := range counts {
+		if v.Counts[k] != n {
+			t.Errorf("%s: %s = %d, want %d (all: %v)\n%s", v.Name, k, v.Counts[k], n, v.Counts, timelineText(v))
+		}
+	}
+	if v.Held != held {
+		t.Errorf("%s: held = %t, want %t (%s)\n%s", v.Name, v.Held, held, v.Verdict, timelineText(v))
+	}
+}
+
+func timelineText(v labs.Variant) string {
+	var b strings.Builder
+	for _, e := range v.Timeline {
+		fmt.Fprintf(&b, "  %7.1f ms  %-10s %s\n", e.AtMS, e.Actor, e.What)
+	}
+	return b.String()
+}
+
+// Each lab runs more than once: the broken variant breaks every time, by
+// schedule, and the correct one never does.
+const repeats = 2
+
+func TestRedisLabLosesTheAnswerAndPostgresDoesNot(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "redis")
+		want(t, v["redis"], false, map[string]int{"executions": 2, "effects": 2, "duplicates": 1, "refused": 0, "lost": 1})
+		want(t, v["redis-unique"], false, map[string]int{"executions": 2, "effects": 1, "duplicates": 0, "refused": 1, "lost": 1})
+		want(t, v["postgres"], true, map[string]int{"executions": 1, "effects": 1, "duplicates": 0, "lost": 0})
+		want(t, v["postgres-unique"], true, map[string]int{"executions": 1, "effects": 1, "duplicates": 0, "lost": 0})
+		want(t, v["redis-restart"], false, map[string]int{"executions": 2, "effects": 2, "duplicates": 1})
+		want(t, v["postgres-in-flight"], true, map[string]int{"executions": 1, "effects": 1, "duplicates": 0, "lost": 0})
+	}
+}
+
+func TestFencingLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "fencing")
+		want(t, v["broken"], false, map[string]int{"executions": 2, "effects": 2, "duplicates": 1, "lost": 1, "refused": 0})
+		want(t, v["correct"], true, map[string]int{"executions": 2, "effects": 1, "duplicates": 0, "lost": 0, "refused": 1})
+	}
+}
+
+func TestClaimLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "claim")
+		want(t, v["broken"], false, map[string]int{"executions": 3, "effects": 3, "duplicates": 2, "refused": 0})
+		want(t, v["correct"], true, map[string]int{"executions": 1, "effects": 1, "duplicates": 0, "refused": 2})
+	}
+}
+
+func TestInboxLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "inbox")
+		want(t, v["broken"], false, map[string]int{"executions": 3, "deliveries": 5, "effects": 2, "lost": 1, "duplicates": 0, "refused": 2})
+		want(t, v["correct"], true, map[string]int{"executions": 3, "deliveries": 5, "effects": 3, "lost": 0, "duplicates": 0, "refused": 1})
+	}
+}
+
+func TestRelayLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "relay")
+		want(t, v["broken"], false, map[string]int{"executions": 2, "effects": 1, "lost": 1, "duplicates": 0})
+		want(t, v["correct"], true, map[string]int{"executions": 2, "effects": 2, "lost": 0, "duplicates": 0})
+	}
+}
+
+func TestNullUniqueLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "null-unique")
+		want(t, v["broken"], false, map[string]int{"executions": 4, "effects": 3, "duplicates": 2, "refused": 1})
+		want(t, v["correct"], true, map[string]int{"executions": 4, "effects": 1, "duplicates": 0, "refused": 3})
+	}
+}
+
+func TestCompensationLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "compensation")
+		want(t, v["compensate-after"], false, map[string]int{"executions": 2, "charged": 1, "confirmed": 0, "released": 2, "paid_released": 1, "phantom_refunds": 0})
+		want(t, v["compensate-before"], false, map[string]int{"executions": 2, "charged": 1, "confirmed": 0, "released": 2, "paid_released": 0, "phantom_refunds": 1})
+		want(t, v["ask-first"], true, map[string]int{"executions": 2, "charged": 1, "confirmed": 1, "released": 1, "paid_released": 0, "phantom_refunds": 0})
+	}
+}
+
+func TestBeliefLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "belief")
+		want(t, v["broken"], false, map[string]int{"executions": 2, "effects": 2, "duplicates": 1, "refused": 0})
+		want(t, v["correct"], true, map[string]int{"executions": 1, "effects": 1, "duplicates": 0, "refused": 1})
+	}
+}
+
+func TestStatusLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "status")
+		want(t, v["broken"], false, map[string]int{"executions": 2, "effects": 2, "duplicates": 1, "refused": 0})
+		want(t, v["correct"], true, map[string]int{"executions": 2, "effects": 1, "duplicates": 0, "refused": 1})
+	}
+}
+
+// A run commits once: its result and nothing else of the scenario, whose
+// scratch rows are gone; the user keeps the newest runs.
+func TestARunLeavesItsResultAndNoScratch(t *testing.T) {
+	t.Parallel()
+	l, db, user := setup(t)
+	ctx := context.Background()
+	var begun, finished int
+	r, err := l.Run(ctx, labs.RunRequest{Lab: "claim", UserID: user}, workflow.Hooks[labs.Run]{
+		Begin:  func(context.Context, pgx.Tx) error { begun++; return nil },
+		Finish: func(_ context.Context, _ pgx.Tx, r labs.Run, refusal error) error { finished++; return refusal },
+	})
+	if err != nil || begun != 1 || finished != 1 {
+		t.Fatalf("run: %v, begin %d, finish %d", err, begun, finished)
+	}
+	got, err := l.Get(ctx, "claim", r.ID, user, false)
+	if err != nil || len(got.Variants) != 2 || got.Variants[0].Counts["executions"] != 3 {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	if _, err := l.Get(ctx, "claim", r.ID, user+1, false); err != labs.ErrRunNotFound {
+		t.Fatalf("someone else's run: %v", err)
+	}
+	if _, err := l.Get(ctx, "fencing", r.ID, user, false); err != labs.ErrRunNotFound {
+		t.Fatalf("a run of another lab: %v", err)
+	}
+	for _, table := range []string{"effects", "claims_without_unique", "idempotency_keys"} {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM labs.`+table).Scan(&n); err != nil || n != 0 {
+			t.Errorf("labs.%s keeps %d rows after the run (%v)", table, n, err)
+		}
+	}
+	if _, err := l.Run(ctx, labs.RunRequest{Lab: "nope", UserID: user}, workflow.Hooks[labs.Run]{}); err != labs.ErrUnknownLab {
+		t.Fatalf("unknown lab: %v", err)
+	}
+}
+
+// Every code reference points at a line that says what the lab says it does.
+func TestCodeReferencesPointAtTheirLines(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join("..", "..")
+	for _, lab := range labs.All() {
+		if len(lab.Code) == 0 {
+			t.Errorf("%s: no code reference", lab.Name)
+		}
+		for _, ref := range lab.Code {
+			raw, err := os.ReadFile(filepath.Join(root, ref.Path))
+			if err != nil {
+				t.Errorf("%s: %v", lab.Name, err)
+				continue
+			}
+			lines := strings.Split(string(raw), "\n")
+			if ref.Line < 1 || ref.Line > len(lines) || !strings.Contains(lines[ref.Line-1], ref.Text) {
+				found := 0
+				for i, line := range lines {
+					if strings.Contains(line, ref.Text) && !strings.Contains(line, "Text:") {
+						found = i + 1
+						break
+					}
+				}
+				t.Errorf("%s: %s:%d does not contain %q (it is on line %d)", lab.Name, ref.Path, ref.Line, ref.Text, found)
+			}
+		}
+	}
+}
