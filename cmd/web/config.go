@@ -59,6 +59,11 @@ type config struct {
 	PaymentsFaultMode  string        // PAYMENTS_FAULT_MODE: the global fault mode set at start
 	PaymentsIdempotent string        // PAYMENTS_IDEMPOTENT: true|false, set at start
 
+	// The Redis lab's Redis (REDIS_URL) and the redis-server binary it
+	// starts privately to restart one without persistence (REDIS_SERVER).
+	RedisURL    string
+	RedisServer string
+
 	// FakeControlToken (FAKE_CONTROL_TOKEN), when set, is the bearer token
 	// the fakes' control APIs require and the app's control clients send;
 	// unset, those APIs answer loopback callers only.
@@ -122,6 +127,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		PaymentsFaultMode:  getenv("PAYMENTS_FAULT_MODE"),
 		PaymentsIdempotent: getenv("PAYMENTS_IDEMPOTENT"),
 		FakeControlToken:   getenv("FAKE_CONTROL_TOKEN"),
+		RedisURL:           or(getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"),
+		RedisServer:        or(getenv("REDIS_SERVER"), "redis-server"),
 
 		CrashAt:   getenv("CRASH_AT"),
 		CrashMode: or(getenv("CRASH_MODE"), string(crash.Exit)),

@@ -55,6 +55,8 @@ const (
 	aFreeSlot              // a free slot (anyone may book it)
 	anyOperation           // an operation, for admin routes
 	anEvent                // an event id (a UUID), for admin routes
+	aLab                   // a lab's name (the :name of /labs/:name)
+	aliceLabRun            // a run of the claim lab by alice (owned)
 )
 
 // routeSpec is what the suite knows of one route.
@@ -114,32 +116,40 @@ var hostileRoutes = map[string]routeSpec{
 	"PUT /api/v1/payments/faults":               {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
 	"GET /api/v1/payments/ledger":               {access: adminAPI},
 	"POST /api/v1/payments/reset":               {access: adminAPI},
+	"GET /api/v1/labs":                          {access: bearer},
+	"GET /api/v1/labs/:name/runs":               {access: bearer, param: aLab},
+	"POST /api/v1/labs/:name/runs":              {access: bearer, param: aLab, keyed: true, json: true, validJSON: map[string]any{}},
+	"GET /api/v1/labs/:name/runs/:id":           {access: bearer, param: aliceLabRun},
 	"GET /api/v1/admin/systems":                 {access: adminAPI},
 	"PUT /api/v1/admin/systems/:name":           {access: adminAPI, json: true, validJSON: map[string]any{"believed_idempotent": true}},
 
-	"GET /policies":                    {access: signedIn},
-	"GET /policies/:id":                {access: signedIn, param: alicePolicy},
-	"POST /policies/:id/cancel":        {access: signedIn, param: alicePolicy, keyed: true, text: []string{"reason"}, form: url.Values{"reason": {"ok"}}},
-	"POST /policies/:id/double-click":  {access: signedIn, param: alicePolicy, form: url.Values{"mode": {"same-key"}}},
-	"GET /operations/:id":              {access: signedIn, param: aliceOperation},
-	"GET /operations/:id/panel":        {access: signedIn, param: aliceOperation},
-	"GET /slots":                       {access: signedIn},
-	"POST /slots/:id/book":             {access: signedIn, param: aFreeSlot, keyed: true},
-	"POST /bookings/:id/cancel":        {access: signedIn, param: aliceBooking, keyed: true},
-	"GET /provider":                    {access: signedIn},
-	"GET /payments":                    {access: signedIn},
-	"GET /labs":                        {access: signedIn},
-	"GET /labs/race":                   {access: signedIn},
-	"POST /labs/race":                  {access: signedIn, text: []string{"slot", "strategy"}, form: url.Values{"slot": {"fresh"}, "racers": {"2"}, "strategy": {"conditional-update"}, "think_ms": {"0"}}},
-	"POST /provider/faults":            {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
-	"POST /provider/reset":             {access: adminPage},
-	"POST /payments/faults":            {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
-	"POST /payments/reset":             {access: adminPage},
-	"GET /reconciliation":              {access: adminPage, query: []string{"resolved", "action"}},
-	"GET /events":                      {access: signedIn},
-	"POST /events/injector":            {access: adminPage, text: []string{"mode", "consumer"}, form: url.Values{"mode": {""}, "count": {"1"}}},
-	"POST /events/:id/replay":          {access: adminPage, param: anEvent, keyed: true},
-	"POST /reconciliation/:id/resolve": {access: adminPage, param: anyOperation, keyed: true, text: []string{"note"}, form: url.Values{"action": {"retry"}, "seen_updated_at": {"2026-01-01T00:00:00Z"}, "note": {"ok"}}},
+	"GET /policies":                       {access: signedIn},
+	"GET /policies/:id":                   {access: signedIn, param: alicePolicy},
+	"POST /policies/:id/cancel":           {access: signedIn, param: alicePolicy, keyed: true, text: []string{"reason"}, form: url.Values{"reason": {"ok"}}},
+	"POST /policies/:id/double-click":     {access: signedIn, param: alicePolicy, form: url.Values{"mode": {"same-key"}}},
+	"GET /operations/:id":                 {access: signedIn, param: aliceOperation},
+	"GET /operations/:id/panel":           {access: signedIn, param: aliceOperation},
+	"GET /slots":                          {access: signedIn},
+	"POST /slots/:id/book":                {access: signedIn, param: aFreeSlot, keyed: true},
+	"POST /bookings/:id/cancel":           {access: signedIn, param: aliceBooking, keyed: true},
+	"GET /provider":                       {access: signedIn},
+	"GET /payments":                       {access: signedIn},
+	"GET /labs":                           {access: signedIn},
+	"GET /labs/race":                      {access: signedIn},
+	"POST /labs/race":                     {access: signedIn, text: []string{"slot", "strategy"}, form: url.Values{"slot": {"fresh"}, "racers": {"2"}, "strategy": {"conditional-update"}, "think_ms": {"0"}}},
+	"GET /labs/:name":                     {access: signedIn, param: aLab},
+	"POST /labs/:name/runs":               {access: signedIn, param: aLab, keyed: true},
+	"GET /labs/:name/runs/:id":            {access: signedIn, param: aliceLabRun},
+	"GET /labs/:name/runs/:id/operations": {access: signedIn, param: aliceLabRun},
+	"POST /provider/faults":               {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
+	"POST /provider/reset":                {access: adminPage},
+	"POST /payments/faults":               {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
+	"POST /payments/reset":                {access: adminPage},
+	"GET /reconciliation":                 {access: adminPage, query: []string{"resolved", "action"}},
+	"GET /events":                         {access: signedIn},
+	"POST /events/injector":               {access: adminPage, text: []string{"mode", "consumer"}, form: url.Values{"mode": {""}, "count": {"1"}}},
+	"POST /events/:id/replay":             {access: adminPage, param: anEvent, keyed: true},
+	"POST /reconciliation/:id/resolve":    {access: adminPage, param: anyOperation, keyed: true, text: []string{"note"}, form: url.Values{"action": {"retry"}, "seen_updated_at": {"2026-01-01T00:00:00Z"}, "note": {"ok"}}},
 }
 
 // Hostile values.
@@ -283,6 +293,7 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 	// Alice and bob each: an ACTIVE policy, a cancelled one (its operation), a booking.
 	var ops [2]string
 	var books [2]string
+	var labRuns [2]string
 	for i, who := range []string{"demo-alice", "demo-bob"} {
 		pol := s.policyOf(t, who, 1)
 		r := s.do(cancelReq(pol, who, "setup-cancel-"+who, ""))
@@ -293,6 +304,10 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 		var b struct{ ID int64 }
 		r.JSON(t, &b)
 		books[i] = fmt.Sprint(b.ID)
+		r = s.do(request{Method: "POST", Path: "/api/v1/labs/claim/runs", Token: who, Header: map[string]string{"Idempotency-Key": "setup-lab-" + who}})
+		var run struct{ ID int64 }
+		r.JSON(t, &run)
+		labRuns[i] = fmt.Sprint(run.ID)
 	}
 	w.ids[alicePolicy] = [2]string{fmt.Sprint(s.policyOf(t, "demo-alice", 0)), fmt.Sprint(s.policyOf(t, "demo-bob", 0))}
 	w.ids[aliceOperation] = ops
@@ -300,6 +315,8 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 	w.ids[aFreeSlot] = [2]string{"20", "21"}
 	w.ids[anyOperation] = ops
 	w.ids[anEvent] = [2]string{"01a2381f-0267-70c7-8d90-7303ae0ed5f0", "01a2381f-0267-70c7-8d90-7303ae0ed5f1"}
+	w.ids[aLab] = [2]string{hostileLab, hostileLab}
+	w.ids[aliceLabRun] = labRuns
 
 	signedIn := func(name string) (map[string]string, string) {
 		client := s.browserClient()
@@ -324,9 +341,16 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 	return w
 }
 
-// pathWith puts value into the route's :id.
+// hostileLab is the lab whose name fills :name where the case is about :id.
+const hostileLab = "claim"
+
+// pathWith puts value into the route's :id — or, in a route without one,
+// into its :name (a lab's).
 func pathWith(route, value string) string {
-	return strings.Replace(route, ":id", value, 1)
+	if strings.Contains(route, ":id") {
+		return strings.Replace(strings.Replace(route, ":id", value, 1), ":name", hostileLab, 1)
+	}
+	return strings.Replace(route, ":name", value, 1)
 }
 
 // who is the credential a case is sent with when it should pass
@@ -479,7 +503,7 @@ func (w *suiteWorld) casesFor(key string, spec routeSpec, methods []string) []ho
 			}
 			add(c)
 		}
-		owned := spec.param == alicePolicy || spec.param == aliceOperation || spec.param == aliceBooking
+		owned := spec.param == alicePolicy || spec.param == aliceOperation || spec.param == aliceBooking || spec.param == aliceLabRun
 		if owned {
 			for _, idor := range []struct{ name, id, token string }{
 				{"IDOR: bob's resource as alice", w.ids[spec.param][1], "demo-alice"},

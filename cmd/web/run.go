@@ -23,6 +23,7 @@ import (
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -141,6 +142,15 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return err
 	}
 	eventsRun := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
+	// The labs: their own schema, pool, fake systems and Redis keys.
+	labRuns, err := labs.New(pool, labs.Config{
+		RedisURL: cfg.RedisURL, RedisServer: cfg.RedisServer, Logger: logger.With("component", "labs"),
+		Timeouts: &labs.TimeoutsDeps{Canceller: wf.canceller, Provider: providerControl, ProviderTimeout: cfg.ProviderTimeout},
+	})
+	if err != nil {
+		return err
+	}
+	defer labRuns.Close()
 
 	app := web.New(web.Config{
 		InstanceID:      cfg.InstanceID,
@@ -171,6 +181,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		PaymentsControl: paymentsControl,
 		Events:          events.NewStore(pool),
 		Injector:        eventsRun.injector,
+		Labs:            labRuns,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)

@@ -105,7 +105,9 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 			TRUNCATE sessions, audit_entries, operation_calls, operation_steps, operation_events, operations,
 			         idempotency_keys, bookings, slots, policies, users,
 			         -- the events of the data wiped, and what the consumers made of them
-			         outbox, event_publishes, event_deliveries, inbox, mailbox, ledger_entries, ledger_days
+			         outbox, event_publishes, event_deliveries, inbox, mailbox, ledger_entries, ledger_days,
+			         -- the labs' results name the users who ran them
+			         labs.runs
 			RESTART IDENTITY`)
 		if err != nil {
 			return fmt.Errorf("demo: reset: %w", err)

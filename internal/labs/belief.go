@@ -35,9 +35,9 @@ var beliefLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/workflow/recover.go", Line: 171, Text: "if b.Idempotent {",
 			Says: "the engine repeats an unknown call only on a system believed idempotent"},
-		{Path: "internal/workflow/recover.go", Line: 174, Text: "calling again could apply it twice",
+		{Path: "internal/workflow/recover.go", Line: 174, Text: "return a.backOff(ctx, i, BranchBackoff, seen+\"; \"+b.says()+\": calling again could apply it twice, so recovery asks again later\", 0, true)",
 			Says: "otherwise it backs off and, out of attempts, a person decides"},
-		{Path: "internal/labs/belief.go", Line: 89, Text: "deliberately wrong, the system is not idempotent",
+		{Path: "internal/labs/belief.go", Line: 89, Text: "by = \"the wrong-belief lab: deliberately wrong, the system is not idempotent\"",
 			Says: "the lab's mismatch of belief and system, labelled where it is set"},
 	},
 	run: runBelief,

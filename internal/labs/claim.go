@@ -36,7 +36,7 @@ var claimLab = &Lab{
 			Says: "the claim: one statement decides who executes"},
 		{Path: "internal/labs/claim.go", Line: 156, Text: "SELECT count(*)",
 			Says: "brokenCheckThenInsertClaim: the check …"},
-		{Path: "internal/labs/claim.go", Line: 167, Text: "INSERT INTO claims_without_unique",
+		{Path: "internal/labs/claim.go", Line: 167, Text: "INSERT INTO claims_without_unique (run_id, key, claimer)",
 			Says: "… and the insert, with every copy's check in between"},
 	},
 	run: runClaim,

@@ -37,7 +37,7 @@ var fencingLab = &Lab{
 			Says: "the fence: only the current owner completes the key"},
 		{Path: "internal/idempotency/store.go", Line: 229, Text: "return ErrLeaseLost",
 			Says: "zero rows is a named error, and the owner's transaction rolls back"},
-		{Path: "internal/labs/fencing.go", Line: 187, Text: "no owner condition",
+		{Path: "internal/labs/fencing.go", Line: 186, Text: "-- no owner condition: a stale owner's write lands on the new owner's",
 			Says: "brokenUnfencedComplete: the same write without the fence"},
 	},
 	run: runFencing,
@@ -183,8 +183,8 @@ func brokenUnfencedComplete(ctx context.Context, tx pgx.Tx, _ *idempotency.Store
 		       response_body = $4,
 		       completed_at = now()
 		 WHERE user_id = $1
-		   AND idempotency_key = $2
-		   -- no owner condition: a stale owner's write lands on the new owner's`,
+		   -- no owner condition: a stale owner's write lands on the new owner's
+		   AND idempotency_key = $2`,
 		c.UserID, c.Key, resp.Status, resp.Body)
 	return err
 }

@@ -40,9 +40,9 @@ var inboxLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/events/handler.go", Line: 108, Text: "err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {",
 			Says: "the consumer rule: one transaction for the inbox row and the effect"},
-		{Path: "internal/events/handler.go", Line: 116, Text: "h.consumer.Apply(ctx, tx, d.Message)",
+		{Path: "internal/events/handler.go", Line: 116, Text: "if err := h.consumer.Apply(ctx, tx, d.Message); err != nil {",
 			Says: "the effect, in the inbox row's transaction"},
-		{Path: "internal/labs/inbox.go", Line: 180, Text: "commit: the message is marked seen",
+		{Path: "internal/labs/inbox.go", Line: 178, Text: "-- a transaction of its own: the message is marked seen, come what may",
 			Says: "brokenMarkSeenThenHandle: the mark commits before the effect is even tried"},
 	},
 	run: runInbox,
@@ -175,9 +175,10 @@ type brokenMarkSeenThenHandle struct {
 
 func (b brokenMarkSeenThenHandle) handle(ctx context.Context, d events.Delivery) (string, error) {
 	tag, err := b.pool.lab.Exec(ctx, `
+		-- a transaction of its own: the message is marked seen, come what may
 		INSERT INTO inbox (consumer, event_id, event_type)
 		VALUES ($1, $2, $3)
-		    ON CONFLICT DO NOTHING -- commit: the message is marked seen, come what may`,
+		    ON CONFLICT DO NOTHING`,
 		b.consumer.name, d.ID, d.Type)
 	if err != nil {
 		return "", err

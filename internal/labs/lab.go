@@ -21,6 +21,9 @@ type Lab struct {
 	Columns []Column `json:"columns"`
 	// Code lists the lines that make the difference between the variants.
 	Code []CodeRef `json:"code"`
+	// RunHint says under the Run button what a run does; "" for the usual
+	// "broken, then correct".
+	RunHint string `json:"-"`
 
 	// run runs every variant and returns them in order, broken first.
 	run func(ctx context.Context, e *env) ([]Variant, error)
@@ -83,6 +86,11 @@ type timeline struct {
 	start  time.Time
 	mu     sync.Mutex
 	events []Event
+	// last is the latest event's text before any repeat count, and repeats
+	// how many times it came in a row: a client polling "409, try later"
+	// is one line, "(×5)", not five.
+	last    string
+	repeats int
 }
 
 func newTimeline() *timeline { return &timeline{start: time.Now()} }
@@ -97,7 +105,14 @@ func (t *timeline) add(bad bool, actor, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	at := float64(time.Since(t.start).Microseconds()) / 1000
-	t.events = append(t.events, Event{AtMS: at, Actor: actor, What: fmt.Sprintf(format, args...), Bad: bad})
+	what := fmt.Sprintf(format, args...)
+	if n := len(t.events); n > 0 && t.events[n-1].Actor == actor && t.last == what {
+		t.repeats++
+		t.events[n-1].What = fmt.Sprintf("%s (×%d, until +%.1f ms)", what, t.repeats, at)
+		return
+	}
+	t.last, t.repeats = what, 1
+	t.events = append(t.events, Event{AtMS: at, Actor: actor, What: what, Bad: bad})
 }
 
 func (t *timeline) list() []Event {

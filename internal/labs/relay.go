@@ -32,7 +32,7 @@ var relayLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/events/relay.go", Line: 249, Text: "AND status = 'PENDING'",
 			Says: "the app's relay claims rows by their state …"},
-		{Path: "internal/events/relay.go", Line: 253, Text: "FOR UPDATE SKIP LOCKED",
+		{Path: "internal/events/relay.go", Line: 253, Text: "FOR UPDATE SKIP LOCKED -- rows another relay is claiming right now are skipped, not waited for",
 			Says: "… and skips rows another relay holds, instead of waiting or remembering an offset"},
 		{Path: "internal/labs/relay.go", Line: 148, Text: "AND seq > $3",
 			Says: "brokenOffsetRelay: the offset steps over a row that committed late"},

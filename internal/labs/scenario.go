@@ -61,6 +61,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // waiting on something the schedule guarantees will happen (a held call
 // the proxy delivers, a lease the database clock ends), never for hoping.
 func waitFor(ctx context.Context, bound time.Duration, cond func() (bool, error)) error {
+	return pollEvery(ctx, bound, 10*time.Millisecond, cond)
+}
+
+// pollEvery is waitFor at another pace.
+func pollEvery(ctx context.Context, bound, every time.Duration, cond func() (bool, error)) error {
 	deadline := time.Now().Add(bound)
 	for {
 		ok, err := cond()
@@ -70,7 +75,7 @@ func waitFor(ctx context.Context, bound time.Duration, cond func() (bool, error)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("labs: waited %s for the schedule to play out", bound)
 		}
-		if !sleep(ctx, 10*time.Millisecond) {
+		if !sleep(ctx, every) {
 			return ctx.Err()
 		}
 	}

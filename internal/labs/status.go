@@ -41,9 +41,9 @@ var statusLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/fault/store.go", Line: 105, Text: "WHERE now() > $4",
 			Says: "the system refuses, durably, a call that arrives after its deadline"},
-		{Path: "internal/workflow/recover.go", Line: 198, Text: "func (a *attempt) untilConclusive",
+		{Path: "internal/workflow/recover.go", Line: 198, Text: "func (a *attempt) untilConclusive(ctx context.Context, i int) (time.Duration, error) {",
 			Says: "recovery trusts NOT_STARTED only after every attempt's deadline plus the skew margin"},
-		{Path: "internal/labs/status.go", Line: 221, Text: "no Request-Deadline",
+		{Path: "internal/labs/status.go", Line: 224, Text: "func brokenSendWithoutDeadline(ctx context.Context, url, key string, body any, timeout time.Duration) (int, error) {",
 			Says: "brokenSendWithoutDeadline: a call that may be applied whenever it arrives"},
 	},
 	run: runStatus,

@@ -37,12 +37,12 @@ var timeoutsLab = &Lab{
 	Columns: []Column{
 		{Key: "executions", Label: "first calls"},
 		{Key: "timeouts", Label: "timed out"},
-		{Key: "effects", Label: "provider effects so far"},
 	},
+	RunHint: "Three real cancellations of the lab's own policies, one fault each; recovery finishes them while you watch.",
 	Code: []CodeRef{
-		{Path: "internal/workflow/recover.go", Line: 33, Text: "// Recover is the recovery loop's Recoverer",
+		{Path: "internal/workflow/recover.go", Line: 54, Text: "func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (recovery.Result, error) {",
 			Says: "the decision tree recovery runs for each of the three operations"},
-		{Path: "internal/fault/doc.go", Line: 16, Text: "mode           the fake does",
+		{Path: "internal/fault/doc.go", Line: 16, Text: "//\tmode           the fake does                        caller sees        truth afterwards",
 			Says: "the three modes, and the truth each leaves behind"},
 	},
 	run: runTimeouts,

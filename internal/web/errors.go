@@ -12,6 +12,7 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/fault"
+	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/slots"
@@ -45,6 +46,9 @@ var errorTable = []struct {
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
 	{slots.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
 	{slots.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
+	{labs.ErrUnknownLab, http.StatusNotFound, "not-found", "Lab not found"},
+	{labs.ErrRunNotFound, http.StatusNotFound, "not-found", "Lab run not found"},
+	{labs.ErrUnavailable, http.StatusServiceUnavailable, "lab-unavailable", "The lab cannot run here"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown

@@ -50,6 +50,13 @@ func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationVie
 	if err != nil {
 		return operationView{}, err
 	}
+	return app.viewOperation(ctx, op, u.IsAdmin())
+}
+
+// viewOperation reads what the pages show of op: timeline, calls, each
+// system's truth — redacted for anyone but an admin.
+func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin bool) (operationView, error) {
+	var err error
 	v := operationView{Operation: op, Truths: map[string]truthNow{}}
 	if v.Timeline, err = app.engine.Timeline(ctx, op.ID); err != nil {
 		return operationView{}, err
@@ -75,7 +82,7 @@ func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationVie
 		v.Truths[s.Name] = t
 	}
 	v.Provider = v.Truths[policies.StepProviderCancel]
-	if !u.IsAdmin() { // redact.go: a customer reads summaries, not internals
+	if !admin { // redact.go: a customer reads summaries, not internals
 		v.Operation, v.Timeline, v.Calls = customerOperation(v.Operation), customerTimeline(v.Timeline), customerCalls(v.Calls)
 		for name, t := range v.Truths {
 			if t.Error != "" {

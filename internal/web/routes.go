@@ -43,6 +43,10 @@ func (app *App) routes() *echo.Echo {
 	api.GET("/admin/events/injector", app.handleGetInjectorAPI, requireAdmin)                          // the redelivery injector's script (admin)
 	api.PUT("/admin/events/injector", app.handlePutInjectorAPI, requireAdmin)                          // replace it: {mode, consumer, count} (admin)
 	api.POST("/admin/events/:id/replay", app.handleReplayAPI, requireAdmin, app.idempotentAPI())       // a dead letter back to the relay (admin, Idempotency-Key)
+	api.GET("/labs", app.handleListLabsAPI)                                                            // every lab: what it teaches, its counts, its lines of code
+	api.GET("/labs/:name/runs", app.handleListLabRunsAPI)                                              // the caller's newest runs of a lab
+	api.POST("/labs/:name/runs", app.handleRunLabAPI, app.limitLabs, app.idempotentAPI())              // run a lab: broken, then correct (Idempotency-Key)
+	api.GET("/labs/:name/runs/:id", app.handleGetLabRunAPI)                                            // one run: counts and timelines (the timeout lab's operations, live)
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
@@ -115,6 +119,11 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/labs", app.handleLabsPage, signedIn...)                                                           // the list of labs
 	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                                                   // the race lab
 	e.POST("/labs/race", app.handleRunRace, append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs)...) // run a race (htmx swaps the result panel)
+	e.GET("/labs/:name", app.handleLabPage, signedIn...)                                                      // a lab: its lesson, Run, the latest result
+	e.POST("/labs/:name/runs", app.handleRunLabForm,
+		append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs, app.idempotentForm())...) // run it (keyed form), then its page
+	e.GET("/labs/:name/runs/:id", app.handleLabRunPage, signedIn...)                    // one run: the table and both timelines
+	e.GET("/labs/:name/runs/:id/operations", app.handleLabOperationsPanel, signedIn...) // the timeout lab's operations (htmx partial)
 	return e
 }
 

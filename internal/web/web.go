@@ -28,6 +28,7 @@ import (
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -85,6 +86,9 @@ type Deps struct {
 	// the redelivery injector (internal/events).
 	Events   *events.Store
 	Injector *events.Injector
+
+	// Labs runs the numbered labs (internal/labs); nil answers 503.
+	Labs *labs.Labs
 }
 
 // App holds every dependency a handler needs. Handlers are its methods
@@ -106,6 +110,7 @@ type App struct {
 	slots    *slots.Store
 	booker   *slots.Booker // booking and release, one commit each
 	lab      *slots.Lab    // the race lab
+	labs     *labs.Labs    // the numbered labs
 
 	provider        *provider.HTTPClient
 	providerControl *fake.Control
@@ -150,6 +155,7 @@ func New(cfg Config, d Deps) *App {
 		slots:    slots.NewStore(d.Pool),
 		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy),
 		lab:      slots.NewLab(d.Pool),
+		labs:     d.Labs,
 
 		provider:        d.Provider,
 		providerControl: d.ProviderControl,

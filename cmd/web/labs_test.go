@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// labRun is the JSON of a lab's run as the API answers it.
+type labRun struct {
+	ID       int64  `json:"id"`
+	Lab      string `json:"lab"`
+	Variants []struct {
+		Name   string         `json:"name"`
+		Broken bool           `json:"broken"`
+		Held   bool           `json:"held"`
+		Counts map[string]int `json:"counts"`
+	} `json:"variants"`
+	Operations []int64 `json:"operations"`
+	Live       []struct {
+		Mode            string `json:"mode"`
+		Status          string `json:"status"`
+		PolicyID        int64  `json:"policy_id"`
+		ProviderEffects int64  `json:"provider_effects"`
+	} `json:"live"`
+}
+
+func runLabReq(lab, token, key string) request {
+	return request{Method: "POST", Path: "/api/v1/labs/" + lab + "/runs", Token: token,
+		Header: map[string]string{"Idempotency-Key": key}}
+}
+
+// A run is keyed: the same request sent twice at once runs the lab once,
+// and both answers are the same bytes.
+func TestLabRunsFromTheAPIOncePerKey(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"RATE_LIMIT_LABS": "off"})
+
+	var list struct {
+		Labs []struct {
+			Name string `json:"name"`
+			Code []struct {
+				Path string `json:"path"`
+				Line int    `json:"line"`
+			} `json:"code"`
+		} `json:"labs"`
+	}
+	r := s.do(request{Method: "GET", Path: "/api/v1/labs", Token: "demo-alice"})
+	r.JSON(t, &list)
+	if r.Status != http.StatusOK || len(list.Labs) != 10 || len(list.Labs[0].Code) == 0 {
+		t.Fatalf("GET /api/v1/labs: %d %s", r.Status, r.Body)
+	}
+
+	answers := make([]response, 2)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() { defer wg.Done(); answers[i] = s.do(runLabReq("claim", "demo-alice", "lab-run-1")) }()
+	}
+	wg.Wait()
+	var run labRun
+	answers[0].JSON(t, &run)
+	for _, a := range answers {
+		if a.Status != http.StatusCreated || string(a.Body) != string(answers[0].Body) {
+			t.Fatalf("the two answers: %d %s / %d %s", answers[0].Status, answers[0].Body, answers[1].Status, answers[1].Body)
+		}
+	}
+	if answers[0].Header.Get("Location") != fmt.Sprintf("/api/v1/labs/claim/runs/%d", run.ID) {
+		t.Errorf("Location %q", answers[0].Header.Get("Location"))
+	}
+	replayed := answers[0].Header.Get("Idempotent-Replayed") + answers[1].Header.Get("Idempotent-Replayed")
+	if replayed != "true" {
+		t.Errorf("exactly one answer should be a replay: %q", replayed)
+	}
+	var runs int
+	if err := s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM labs.runs`).Scan(&runs); err != nil || runs != 1 {
+		t.Fatalf("labs.runs has %d rows (%v): a double-click must run the lab once", runs, err)
+	}
+	if len(run.Variants) != 2 || run.Variants[0].Held || !run.Variants[1].Held ||
+		run.Variants[0].Counts["executions"] != 3 || run.Variants[1].Counts["executions"] != 1 {
+		t.Fatalf("the claim lab's result: %s", answers[0].Body)
+	}
+
+	// Reading it back: the caller's, and nobody else's.
+	got := s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/labs/claim/runs/%d", run.ID), Token: "demo-alice"})
+	if got.Status != http.StatusOK {
+		t.Fatalf("GET the run: %d %s", got.Status, got.Body)
+	}
+	for _, tc := range []struct {
+		path, token string
+		status      int
+	}{
+		{fmt.Sprintf("/api/v1/labs/claim/runs/%d", run.ID), "demo-bob", http.StatusNotFound},
+		{fmt.Sprintf("/api/v1/labs/claim/runs/%d", run.ID), "demo-admin", http.StatusOK},
+		{fmt.Sprintf("/api/v1/labs/fencing/runs/%d", run.ID), "demo-alice", http.StatusNotFound},
+		{"/api/v1/labs/nope/runs", "demo-alice", http.StatusNotFound},
+		{"/api/v1/labs/claim/runs/abc", "demo-alice", http.StatusNotFound},
+	} {
+		if r := s.do(request{Method: "GET", Path: tc.path, Token: tc.token}); r.Status != tc.status {
+			t.Errorf("GET %s as %s: %d, want %d", tc.path, tc.token, r.Status, tc.status)
+		}
+	}
+	var mine struct {
+		Runs []labRun `json:"runs"`
+	}
+	s.do(request{Method: "GET", Path: "/api/v1/labs/claim/runs", Token: "demo-alice"}).JSON(t, &mine)
+	if len(mine.Runs) != 1 || mine.Runs[0].ID != run.ID {
+		t.Errorf("alice's runs: %+v", mine.Runs)
+	}
+	if r := s.do(runLabReq("nope", "demo-alice", "lab-run-2")); r.Status != http.StatusNotFound || r.problemType() != "not-found" {
+		t.Errorf("an unknown lab: %d %s", r.Status, r.Body)
+	}
+	if r := s.do(runLabReq("fencing", "demo-alice", "lab-run-1")); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("one key for another lab: %d %s", r.Status, r.Body)
+	}
+}
+
+// The timeout lab for real: three cancellations, three faults, and the
+// recovery loop finishes each with one provider effect per policy.
+func TestTimeoutLabUntilRecoveryFinishesEach(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{
+		"PROVIDER_TIMEOUT": "500ms", "RECOVERY_INTERVAL": "200ms", "RECOVERY_POLL_INTERVAL": "200ms",
+		"OPERATION_LEASE": "2s", "EVENTS_TRANSPORT": "river",
+	})
+	r := s.do(runLabReq("timeouts", "demo-alice", "timeouts-1"))
+	var run labRun
+	r.JSON(t, &run)
+	if r.Status != http.StatusCreated || len(run.Operations) != 3 {
+		t.Fatalf("run the timeout lab: %d %s", r.Status, r.Body)
+	}
+	for _, v := range run.Variants {
+		if v.Counts["timeouts"] != 1 {
+			t.Errorf("%s: the first call should have timed out: %v", v.Name, v.Counts)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/labs/timeouts/runs/%d", run.ID), Token: "demo-alice"}).JSON(t, &run)
+		done := len(run.Live) == 3
+		for _, op := range run.Live {
+			done = done && op.Status == "SUCCEEDED"
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recovery did not finish the three operations: %+v", run.Live)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, op := range run.Live {
+		if op.ProviderEffects != 1 {
+			t.Errorf("%s: the provider cancelled policy %d %d times", op.Mode, op.PolicyID, op.ProviderEffects)
+		}
+	}
+	s.assertInvariants(t)
+}
