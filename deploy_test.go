@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis"} {
 		service(t, p, name)
 	}
 }
@@ -270,6 +270,30 @@ func TestComposeNATS(t *testing.T) {
 		}
 		if _, ok := app.DependsOn["nats"]; !ok {
 			t.Errorf("%s does not depend on nats", name)
+		}
+	}
+}
+
+// Redis runs as its own service for the Redis lab, without persistence, and
+// every app replica reaches it by name.
+func TestComposeRedis(t *testing.T) {
+	p := loadCompose(t)
+	r := service(t, p, "redis")
+	if !strings.HasPrefix(r.Image, "redis:") {
+		t.Errorf("redis image = %q", r.Image)
+	}
+	cmd := strings.Join(r.Command, " ")
+	if !strings.Contains(cmd, "--appendonly no") || !slices.Contains(r.Command, "--save") {
+		t.Errorf("redis command %q: the lab's Redis keeps nothing on disk (--save '' --appendonly no)", cmd)
+	}
+	for _, name := range []string{"app", "app2"} {
+		app := service(t, p, name)
+		u, err := url.Parse(env(t, app, "REDIS_URL"))
+		if err != nil || u.Scheme != "redis" || u.Hostname() != "redis" || u.Port() != "6379" {
+			t.Errorf("%s REDIS_URL = %q, want redis://redis:6379/0", name, env(t, app, "REDIS_URL"))
+		}
+		if _, ok := app.DependsOn["redis"]; !ok {
+			t.Errorf("%s does not depend on redis", name)
 		}
 	}
 }
