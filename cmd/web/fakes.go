@@ -60,7 +60,6 @@ func (c config) paymentsSpec() fakeSpec {
 // the app reaches the fakes over the network). Demo mode does not open it.
 func (c config) fakeControlAccess() fault.Access { return fault.Access{Token: c.FakeControlToken} }
 
-
 // fakeServer is one fake on its own listener.
 type fakeServer struct {
 	fake fakeSystem
