@@ -50,7 +50,7 @@ CREATE TABLE fault.script (
     seed        bigint      NOT NULL,
     weights     jsonb       NOT NULL,
     draws       bigint      NOT NULL DEFAULT 0,
-    -- calls this entry still applies to; an entry at 0 is deleted
+    -- calls this entry still applies to; an entry at 0 is spent (cleared by the next Set or reset)
     remaining   integer     NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT script_mode_check CHECK (mode IN ('ok', 'reject', 'error', 'drop', 'lost_response', 'slow', 'flaky')),

@@ -36,51 +36,101 @@ type Arrival struct {
 	Deadline time.Time // its Request-Deadline; zero when it carries none
 }
 
-// Arrive decides how the fake treats a: in one transaction, a call that
-// arrived after its deadline is recorded as late and refused — returned as a
-// *LateError, nothing else happens, no script entry is used up — and any
-// other call takes the fault that governs it: the oldest matching script
-// entry (using it up by one), else its subject's override, else the global
-// fault, with flaky drawn down to a concrete mode.
+// Arrive decides how the fake treats a, in one statement (one round trip,
+// one implicit transaction): a call that arrived after its deadline is
+// recorded as late and refused — returned as a *LateError, nothing else
+// happens, no script entry is used up — and any other call takes the fault
+// that governs it: the oldest matching script entry (using it up by one),
+// else its subject's override, else the global fault (Default when none was
+// ever set), with flaky drawn down to a concrete mode.
 //
-// "Arrived" is the database clock at the start of this transaction, which
-// runs once the whole request has been read: a call held in the network is
-// judged when its bytes get in.
+// "Arrived" is the database clock when the statement runs, once the whole
+// request has been read: a call held in the network is judged when its
+// bytes get in.
 func (s *Store) Arrive(ctx context.Context, a Arrival) (Call, error) {
-	var f Fault
-	var draw int64
-	var late *LateError
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		if !a.Deadline.IsZero() {
-			var err error
-			if late, err = s.refuseLate(ctx, tx, a); err != nil || late != nil {
-				return err // a late call commits its refusal and goes no further
-			}
-		}
-		var scripted bool
-		var err error
-		f, draw, scripted, err = s.takeScriptEntry(ctx, tx, a.Subject)
-		if err != nil || scripted {
-			return err
-		}
-		f, err = s.governing(ctx, tx, a.Subject)
-		if err != nil || f.Mode != ModeFlaky {
-			return err
-		}
-		// Each flaky call takes the next number of its fault's sequence; the
-		// row lock hands out each number once, across processes.
-		return tx.QueryRow(ctx, `
-			UPDATE fault.settings
-			   SET draws = draws + 1
-			 WHERE system = $1
-			   AND subject IS NOT DISTINCT FROM $2
-			RETURNING draws`, s.system, nullable(f.subject())).Scan(&draw)
-	})
+	var deadline *time.Time
+	if !a.Deadline.IsZero() {
+		deadline = &a.Deadline
+	}
+	var (
+		lateAt                   *time.Time
+		scripted, standing       nullableFault
+		scriptDraw, standingDraw *int64
+	)
+	err := s.pool.QueryRow(ctx, `
+		WITH late AS (
+		    -- a call that arrived after its deadline is recorded, and refused
+		    INSERT INTO fault.late_arrivals (system, idempotency_key, subject, deadline, arrived_at)
+		    SELECT $1, $2, $3, $4, now()
+		     WHERE now() > $4
+		    RETURNING arrived_at
+		), entry AS (
+		    -- otherwise the oldest script entry matching the call, used up by one
+		    UPDATE fault.script
+		       SET remaining = remaining - 1,
+		           draws = draws + 1
+		     WHERE id = (
+		            SELECT id
+		              FROM fault.script
+		             WHERE system = $1
+		               AND remaining > 0
+		               AND (subject IS NULL OR subject = $3)
+		             ORDER BY id
+		             LIMIT 1
+		               -- concurrent calls queue on the head entry; when it is used
+		               -- up, the recheck skips it and the next entry is taken
+		               FOR UPDATE
+		           )
+		       AND NOT EXISTS (SELECT FROM late)
+		    RETURNING mode, idempotent, slow_ms, latency_ms, seed, weights, draws
+		), standing AS (
+		    -- else the subject's override, else the global setting
+		    SELECT subject, mode, idempotent, slow_ms, latency_ms, seed, weights
+		      FROM fault.settings
+		     WHERE system = $1
+		       AND (subject = $3 OR subject IS NULL)
+		     ORDER BY subject NULLS LAST
+		     LIMIT 1
+		), draw AS (
+		    -- a flaky standing setting hands out the next number of its
+		    -- sequence; the row lock hands out each number once, across processes
+		    UPDATE fault.settings s
+		       SET draws = s.draws + 1
+		      FROM standing
+		     WHERE s.system = $1
+		       AND s.subject IS NOT DISTINCT FROM standing.subject
+		       AND standing.mode = 'flaky'
+		       AND NOT EXISTS (SELECT FROM late)
+		       AND NOT EXISTS (SELECT FROM entry)
+		    RETURNING s.draws
+		)
+		SELECT (SELECT arrived_at FROM late),
+		       e.mode, e.idempotent, e.slow_ms, e.latency_ms, e.seed, e.weights, e.draws,
+		       st.mode, st.idempotent, st.slow_ms, st.latency_ms, st.seed, st.weights,
+		       (SELECT draws FROM draw)
+		  FROM (SELECT) AS one
+		  LEFT JOIN entry e ON true
+		  LEFT JOIN standing st ON true`,
+		s.system, a.Key, nullable(a.Subject), deadline).
+		Scan(&lateAt,
+			&scripted.Mode, &scripted.Idempotent, &scripted.SlowMS, &scripted.LatencyMS, &scripted.Seed, &scripted.Weights, &scriptDraw,
+			&standing.Mode, &standing.Idempotent, &standing.SlowMS, &standing.LatencyMS, &standing.Seed, &standing.Weights,
+			&standingDraw)
 	if err != nil {
 		return Call{}, fmt.Errorf("fault: %s arrival %s: %w", s.system, a.Key, err)
 	}
-	if late != nil {
-		return Call{}, late
+	if lateAt != nil {
+		return Call{}, &LateError{Key: a.Key, Deadline: a.Deadline, ArrivedAt: *lateAt}
+	}
+	f, draw := Default(), int64(0)
+	switch {
+	case scripted.Mode != nil:
+		f, draw = scripted.fault(), *scriptDraw
+	case standing.Mode != nil:
+		f = standing.fault()
+		if standingDraw != nil {
+			draw = *standingDraw
+		}
 	}
 	mode := f.Mode
 	if mode == ModeFlaky {
@@ -94,84 +144,17 @@ func (s *Store) Arrive(ctx context.Context, a Arrival) (Call, error) {
 	}, nil
 }
 
-// refuseLate records a if it arrived after its deadline and returns the
-// refusal; nil means a is on time.
-func (s *Store) refuseLate(ctx context.Context, tx pgx.Tx, a Arrival) (*LateError, error) {
-	var arrived time.Time
-	err := tx.QueryRow(ctx, `
-		INSERT INTO fault.late_arrivals (system, idempotency_key, subject, deadline, arrived_at)
-		SELECT $1, $2, $3, $4, now()
-		 -- only a call that arrived after its deadline is recorded (and refused)
-		 WHERE now() > $4
-		RETURNING arrived_at`, s.system, a.Key, nullable(a.Subject), a.Deadline).Scan(&arrived)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil // on time
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &LateError{Key: a.Key, Deadline: a.Deadline, ArrivedAt: arrived}, nil
+// nullableFault is a fault read through a LEFT JOIN: every column may be NULL.
+type nullableFault struct {
+	Mode              *Mode
+	Idempotent        *bool
+	SlowMS, LatencyMS *int
+	Seed              *int64
+	Weights           Weights
 }
 
-// takeScriptEntry uses up one call of the oldest script entry matching
-// subject, if any, and returns it with its draw number.
-func (s *Store) takeScriptEntry(ctx context.Context, tx pgx.Tx, subject Subject) (f Fault, draw int64, ok bool, err error) {
-	var id int64
-	var remaining int
-	var entrySubject *string
-	err = tx.QueryRow(ctx, `
-		UPDATE fault.script
-		   SET remaining = remaining - 1,
-		       draws = draws + 1
-		 WHERE id = (
-		        SELECT id
-		          FROM fault.script
-		         WHERE system = $1
-		           AND remaining > 0
-		           AND (subject IS NULL OR subject = $2)
-		         ORDER BY id
-		         LIMIT 1
-		           -- concurrent calls queue on the head entry; when it is used
-		           -- up, the recheck skips it and the next entry is taken
-		           FOR UPDATE
-		       )
-		RETURNING id, remaining, subject, mode, idempotent, slow_ms, latency_ms, seed, weights, draws`,
-		s.system, nullable(subject)).
-		Scan(&id, &remaining, &entrySubject, &f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.Seed, &f.Weights, &draw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Fault{}, 0, false, nil
-	}
-	if err != nil {
-		return Fault{}, 0, false, err
-	}
-	if remaining == 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM fault.script WHERE id = $1`, id); err != nil {
-			return Fault{}, 0, false, err
-		}
-	}
-	return f, draw, true, nil
-}
-
-// governing returns the standing fault for subject: its override when it
-// has one, else the global fault (Default when none was ever set).
-func (s *Store) governing(ctx context.Context, tx pgx.Tx, subject Subject) (Fault, error) {
-	var f Fault
-	var scope *string
-	err := tx.QueryRow(ctx, `
-		SELECT subject, mode, idempotent, slow_ms, latency_ms, seed, weights
-		  FROM fault.settings
-		 WHERE system = $1
-		   AND (subject = $2 OR subject IS NULL)
-		 ORDER BY subject NULLS LAST -- the override, when there is one
-		 LIMIT 1`, s.system, nullable(subject)).
-		Scan(&scope, &f.Mode, &f.Idempotent, &f.SlowMS, &f.LatencyMS, &f.Seed, &f.Weights)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Default(), nil
-	}
-	if scope != nil {
-		f.PolicyID, f.BookingID = Subject(*scope).ids()
-	}
-	return f, err
+func (n nullableFault) fault() Fault {
+	return Fault{Mode: *n.Mode, Idempotent: *n.Idempotent, SlowMS: *n.SlowMS, LatencyMS: *n.LatencyMS, Seed: *n.Seed, Weights: n.Weights}
 }
 
 // StatusFault returns how status queries behave: the global fault's
@@ -277,6 +260,11 @@ func (s *Store) Set(ctx context.Context, f Fault) (Config, error) {
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var err error
 		if f.Next > 0 {
+			// entries used up by calls are kept at 0 (Arrive is one
+			// statement); appending a new one clears them away
+			if _, err := tx.Exec(ctx, `DELETE FROM fault.script WHERE system = $1 AND remaining = 0`, s.system); err != nil {
+				return err
+			}
 			_, err = tx.Exec(ctx, `
 				INSERT INTO fault.script (system, subject, mode, idempotent, slow_ms, latency_ms, seed, weights, remaining)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
