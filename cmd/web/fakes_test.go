@@ -423,3 +423,62 @@ func TestBrowserPaymentsPage(t *testing.T) {
 	}
 	t.Logf("screenshot: %s", p)
 }
+
+// The pages' idempotency switch flips the fake and what the app believes
+// together, for both systems, and the page says what the app believes; a
+// mismatch set on purpose through the API (a lab's) is labelled.
+func TestTheSwitchFlipsTheFakeAndTheBelief(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	client := s.browserClient()
+	s.signIn(t, client, "admin")
+	belief := func(system string) bool {
+		t.Helper()
+		r := s.do(request{Method: "GET", Path: "/api/v1/admin/systems", Token: "demo-admin"})
+		var list struct {
+			Items []struct {
+				Name       string `json:"name"`
+				Idempotent bool   `json:"believed_idempotent"`
+				UpdatedBy  string `json:"updated_by"`
+			} `json:"items"`
+		}
+		r.JSON(t, &list)
+		for _, b := range list.Items {
+			if b.Name == system {
+				return b.Idempotent
+			}
+		}
+		t.Fatalf("no belief about %s: %s", system, r.Body)
+		return false
+	}
+	for _, system := range fakeSystems {
+		page := doWith(t, client, s.URL, request{Method: "GET", Path: "/" + system})
+		csrf := string(csrfInput.FindSubmatch(page.Body)[1])
+		if !strings.Contains(string(page.Body), `data-believed-idempotent="true"`) {
+			t.Fatalf("/%s does not show the belief", system)
+		}
+		for _, idempotent := range []bool{false, true} {
+			form := url.Values{"_csrf": {csrf}, "idempotent": {fmt.Sprint(idempotent)}}
+			if r := postForm(t, s, client, "/"+system+"/faults", form); r.Status != http.StatusSeeOther {
+				t.Fatalf("%s switch: %d %s", system, r.Status, r.Body)
+			}
+			if got, fake := belief(system), s.faultsOf(t, system).Global.Idempotent; got != idempotent || fake != idempotent {
+				t.Fatalf("%s after the switch to %v: believed %v, fake %v", system, idempotent, got, fake)
+			}
+		}
+		// A script entry or an override that is not idempotent is not the switch.
+		form := url.Values{"_csrf": {csrf}, "idempotent": {"false"}, "next": {"1"}}
+		postForm(t, s, client, "/"+system+"/faults", form)
+		if !belief(system) {
+			t.Fatalf("%s: a script entry changed the belief", system)
+		}
+		// A lab's mismatch, through the API: the page labels it.
+		if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/systems/" + system, Token: "demo-admin", Body: `{"believed_idempotent":false}`}); r.Status != http.StatusOK {
+			t.Fatalf("PUT belief: %d %s", r.Status, r.Body)
+		}
+		page = doWith(t, client, s.URL, request{Method: "GET", Path: "/" + system})
+		if !strings.Contains(string(page.Body), `data-testid="belief-mismatch"`) {
+			t.Errorf("/%s does not label the mismatch", system)
+		}
+	}
+}

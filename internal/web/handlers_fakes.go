@@ -140,14 +140,23 @@ func (s fakeAdmin) faultsForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// The switch flips the fake and what the app believes about it together
+	// (a deliberate mismatch is a lab's, labelled as such), in the order that
+	// never lets the app believe "idempotent" of a fake that is not: to not
+	// idempotent, the belief first; to idempotent, the fake first.
+	flip := c.FormValue("idempotent") != "" && f.PolicyID == nil && f.BookingID == nil && f.Next == 0
+	u, _ := userFrom(c)
+	by := u.Name + " (the " + s.name + " page's switch)"
+	if flip && !f.Idempotent {
+		if err := s.believe(ctx, false, by); err != nil {
+			return err
+		}
+	}
 	if _, err := s.control.SetFaults(ctx, f); err != nil {
 		return s.controlError(c, err)
 	}
-	if c.FormValue("idempotent") != "" && f.PolicyID == nil && f.BookingID == nil && f.Next == 0 {
-		// The switch flips the fake and what the app believes about it
-		// together; a deliberate mismatch is a lab's, labelled as such.
-		u, _ := userFrom(c)
-		if err := s.believe(ctx, f.Idempotent, u.Name+" (the "+s.name+" page's switch)"); err != nil {
+	if flip && f.Idempotent {
+		if err := s.believe(ctx, true, by); err != nil {
 			return err
 		}
 	}
@@ -252,8 +261,9 @@ func faultView(f fault.Fault) views.FaultView {
 	}
 }
 
-// faultsView fills the part of a fake's page every fake shares.
-func (app *App) faultsView(c echo.Context, system string, cfg fault.Config, timeout string, late fault.LateArrivals) views.FakeView {
+// faultsView fills the part of a fake's page every fake shares, with what
+// the app believes about the system's idempotency.
+func (app *App) faultsView(c echo.Context, system string, cfg fault.Config, timeout string, late fault.LateArrivals) (views.FakeView, error) {
 	u, _ := userFrom(c)
 	v := views.FakeView{System: system, CanEdit: u.IsAdmin(), Timeout: timeout, Global: faultView(cfg.Global),
 		LateTotal: late.Total}
@@ -269,5 +279,15 @@ func (app *App) faultsView(c echo.Context, system string, cfg fault.Config, time
 		}
 		v.Late = append(v.Late, l.Message)
 	}
-	return v
+	beliefs, err := workflow.Beliefs(c.Request().Context(), app.pool)
+	if err != nil {
+		return v, err
+	}
+	for _, b := range beliefs {
+		if b.System == system {
+			v.Belief = &views.Belief{System: b.System, Idempotent: b.Idempotent,
+				By: b.UpdatedBy + " at " + b.UpdatedAt.UTC().Format("15:04:05 MST")}
+		}
+	}
+	return v, nil
 }

@@ -37,8 +37,12 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 	if err != nil {
 		return s.controlError(c, err)
 	}
+	fv, err := app.faultsView(c, "payments", cfg, app.cfg.PaymentsTimeout.String(), l.Late)
+	if err != nil {
+		return err
+	}
 	vm := views.PaymentsView{
-		FakeView: app.faultsView(c, "payments", cfg, app.cfg.PaymentsTimeout.String(), l.Late),
+		FakeView: fv,
 		Charges:  views.MoneyTotals{Count: l.Charges.Count, Pending: l.Charges.Pending, Cents: l.Charges.AmountCents},
 		Refunds:  views.MoneyTotals{Count: l.Refunds.Count, Pending: l.Refunds.Pending, Cents: l.Refunds.AmountCents},
 	}

@@ -43,8 +43,12 @@ func (app *App) handleProviderPage(c echo.Context) error {
 	if effects.Late != nil {
 		late = *effects.Late
 	}
+	fv, err := app.faultsView(c, "provider", cfg, app.cfg.ProviderTimeout.String(), late)
+	if err != nil {
+		return err
+	}
 	vm := views.ProviderView{
-		FakeView: app.faultsView(c, "provider", cfg, app.cfg.ProviderTimeout.String(), late),
+		FakeView: fv,
 		Effects:  views.ProviderEffects{Total: effects.Total, Pending: effects.Pending},
 	}
 	for _, pe := range effects.ByPolicy {
