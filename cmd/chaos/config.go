@@ -74,9 +74,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Clients, "clients", 8, "clients acting at once")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "each client attempt's timeout")
 	fs.Float64Var(&c.DoubleSend, "double-send", 0.1, "chance that an intent's first attempt is sent twice at once, to both instances")
-	fs.IntVar(&c.Users, "users", 50, "customers in the dataset")
-	fs.IntVar(&c.Policies, "policies-per-user", 40, "policies per customer (each cancelled at most once)")
-	fs.IntVar(&c.Slots, "slots", 200, "slots in the dataset")
+	// Enough for about 15 minutes: about 5 cancellations a second use up
+	// policies, and the 5 % of bookings never released use up slots.
+	fs.IntVar(&c.Users, "users", 100, "customers in the dataset")
+	fs.IntVar(&c.Policies, "policies-per-user", 100, "policies per customer (each cancelled at most once; at most 100)")
+	fs.IntVar(&c.Slots, "slots", 2000, "slots in the dataset")
 
 	fs.DurationVar(&c.KillEvery, "kill-every", 2500*time.Millisecond, "mean time between SIGKILLs (0: none)")
 	fs.Float64Var(&c.CrashShare, "crash-share", 0.3, "share of app kills made at a crash point")

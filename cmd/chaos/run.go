@@ -218,7 +218,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	defer stopClients()
 	clients := workload.Start(clientCtx, workload.Config{
 		Clients: r.cfg.Clients, Timeout: r.cfg.Timeout, DoubleSend: r.cfg.DoubleSend,
-		ReleaseChance: 0.7, Seed: r.cfg.Seed, Nonce: fmt.Sprintf("%d-%d", r.cfg.Seed, time.Now().UnixNano()%1e9),
+		ReleaseChance: 0.95, Seed: r.cfg.Seed, Nonce: fmt.Sprintf("%d-%d", r.cfg.Seed, time.Now().UnixNano()%1e9),
 	}, r.data, r.instances(), r.log)
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, r.cfg.Duration)
@@ -268,6 +268,9 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	violations := check.Run(intents, faults, end)
 	kinds := check.Kinds5xx(intents, causes(r.appLogs()))
 	sum := report.Summarize(r.log, intents, faults, end, kinds, violations, r.cfg.settings())
+	if err := writeJSON(filepath.Join(r.dir, "endstate.json"), end); err != nil {
+		return 0, err
+	}
 	if err := r.write(sum, violations); err != nil {
 		return 0, err
 	}

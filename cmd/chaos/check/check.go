@@ -33,6 +33,7 @@ package check
 import (
 	"bytes"
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -94,10 +95,14 @@ type Operation struct {
 	PolicyID int64  `json:"policy_id"`
 	Status   string `json:"status"`
 	Key      string `json:"idempotency_key"`
-	Truth    string `json:"-"` // the provider's, asked just now ("" when it could not be)
+	// Truth is the provider's, asked just now ("" when it could not be).
+	Truth string `json:"provider_truth_now"`
 	// Claimed is when recovery first claimed it (zero: never), from its
 	// timeline: how long a handed-over operation waited for a worker.
-	Claimed time.Time `json:"-"`
+	Claimed time.Time `json:"first_claimed_at"`
+	// Timeline is the operation's timeline as the API gave it, kept for
+	// whoever studies the run (endstate.json).
+	Timeline json.RawMessage `json:"timeline"`
 }
 
 // Booking is a booking as GET /api/v1/bookings shows it.

@@ -163,16 +163,17 @@ func operation(ctx context.Context, app workload.Instance, token string, id int6
 		Provider struct {
 			Truth string `json:"truth"`
 		} `json:"provider"`
-		Timeline []struct {
-			At     time.Time `json:"at"`
-			Branch string    `json:"branch"`
-		} `json:"timeline"`
 	}
 	if err := workload.Call(ctx, app, token, http.MethodGet, "/api/v1/operations/"+strconv.FormatInt(id, 10), nil, &v); err != nil {
 		return Operation{}, fmt.Errorf("check: operation %d: %w", id, err)
 	}
 	v.Operation.Truth = v.Provider.Truth
-	for _, e := range v.Timeline {
+	var timeline []struct {
+		At     time.Time `json:"at"`
+		Branch string    `json:"branch"`
+	}
+	json.Unmarshal(v.Operation.Timeline, &timeline)
+	for _, e := range timeline {
 		if e.Branch == "claimed" && (v.Operation.Claimed.IsZero() || e.At.Before(v.Operation.Claimed)) {
 			v.Operation.Claimed = e.At
 		}
