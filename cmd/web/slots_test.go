@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
@@ -52,7 +53,7 @@ func freeSlot(t testing.TB, db *testdb.DB, nth int) int64 {
 	var id int64
 	err := db.Pool.QueryRow(context.Background(), `
 		SELECT id FROM slots WHERE status = 'AVAILABLE' AND resource <> $1 ORDER BY id OFFSET $2 LIMIT 1`,
-		slots.LabResource, nth).Scan(&id)
+		labs.RaceResource, nth).Scan(&id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,10 +416,10 @@ func TestRaceLabOverHTTP(t *testing.T) {
 	}
 	// The racers are users, but not on the sign-in page; the lab's slots
 	// are slots, but not in the demo grid.
-	if signin := doWith(t, client, s.URL, request{Method: "GET", Path: "/signin"}); bytes.Contains(signin.Body, []byte(slots.RacerPrefix)) {
+	if signin := doWith(t, client, s.URL, request{Method: "GET", Path: "/signin"}); bytes.Contains(signin.Body, []byte(labs.RacerPrefix)) {
 		t.Errorf("racers listed on the sign-in page")
 	}
-	if grid := doWith(t, client, s.URL, request{Method: "GET", Path: "/slots"}); bytes.Contains(grid.Body, []byte(slots.LabResource)) {
+	if grid := doWith(t, client, s.URL, request{Method: "GET", Path: "/slots"}); bytes.Contains(grid.Body, []byte(labs.RaceResource)) {
 		t.Errorf("the lab's slot shows in the grid")
 	}
 	assertInvariant3(t, s.DB)

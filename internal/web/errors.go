@@ -44,7 +44,7 @@ var errorTable = []struct {
 	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},
 	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
-	{slots.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
+	{labs.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
 	{slots.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
 	{labs.ErrUnknownLab, http.StatusNotFound, "not-found", "Lab not found"},
 	{labs.ErrRunNotFound, http.StatusNotFound, "not-found", "Lab run not found"},

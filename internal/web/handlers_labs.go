@@ -37,7 +37,7 @@ func (app *App) handleRaceLabPage(c echo.Context) error {
 }
 
 // handleRunRace: POST /labs/race — runs one race on the server (the work is
-// slots.Lab.Race) and shows the result: the result panel for htmx, the
+// labs.RaceLab.Race) and shows the result: the result panel for htmx, the
 // whole page otherwise. Not under the idempotency protocol: every run is a
 // new experiment, and running one twice harms nothing.
 func (app *App) handleRunRace(c echo.Context) error {
@@ -49,8 +49,8 @@ func (app *App) handleRunRace(c echo.Context) error {
 		switch {
 		case errors.Is(err, slots.ErrNotFound):
 			problem = "Slot (slot): that is not one of the lab's slots; pick a fresh slot or one listed."
-		case errors.Is(err, slots.ErrInvalidRace), errors.Is(err, slots.ErrUnknownStrategy):
-			problem = strings.TrimPrefix(err.Error(), "slots: ")
+		case errors.Is(err, labs.ErrInvalidRace), errors.Is(err, slots.ErrUnknownStrategy):
+			problem = publicDetail(err)
 		case err != nil:
 			return err
 		default:
@@ -74,18 +74,18 @@ func (app *App) handleRunRace(c echo.Context) error {
 }
 
 // parseRace reads the form into a request, or says what is wrong with it.
-func parseRace(c echo.Context, form *views.RaceForm) (slots.RaceRequest, string) {
-	var req slots.RaceRequest
+func parseRace(c echo.Context, form *views.RaceForm) (labs.RaceRequest, string) {
+	var req labs.RaceRequest
 	var err error
 	// Bounds are checked on the numbers as typed, before any arithmetic:
 	// 18446744073710 ms would overflow a time.Duration into something small.
 	form.Racers, err = strconv.Atoi(c.FormValue("racers"))
-	if err != nil || form.Racers < slots.MinRacers || form.Racers > slots.MaxRacers {
-		return req, fmt.Sprintf("Racers (racers): the number of competing users must be a whole number from %d to %d.", slots.MinRacers, slots.MaxRacers)
+	if err != nil || form.Racers < labs.MinRacers || form.Racers > labs.MaxRacers {
+		return req, fmt.Sprintf("Racers (racers): the number of competing users must be a whole number from %d to %d.", labs.MinRacers, labs.MaxRacers)
 	}
 	form.ThinkMS, err = strconv.Atoi(c.FormValue("think_ms"))
-	if err != nil || form.ThinkMS < 0 || form.ThinkMS > int(slots.MaxThink.Milliseconds()) {
-		return req, fmt.Sprintf("Think time (think_ms): a whole number of milliseconds from 0 to %d.", slots.MaxThink.Milliseconds())
+	if err != nil || form.ThinkMS < 0 || form.ThinkMS > int(labs.MaxThink.Milliseconds()) {
+		return req, fmt.Sprintf("Think time (think_ms): a whole number of milliseconds from 0 to %d.", labs.MaxThink.Milliseconds())
 	}
 	req.Racers, req.Think = form.Racers, time.Duration(form.ThinkMS)*time.Millisecond
 	if req.Strategy, err = slots.ParseStrategy(form.Strategy); err != nil {
@@ -127,7 +127,7 @@ var strategyHelp = map[slots.Strategy]string{
 }
 
 // raceOutcome turns a race's result into the panel's view model.
-func raceOutcome(res slots.RaceResult) *views.RaceOutcome {
+func raceOutcome(res labs.RaceResult) *views.RaceOutcome {
 	o := &views.RaceOutcome{
 		SlotID: res.Slot.ID, SlotName: slotName(res.Slot), SlotState: res.Slot.Status,
 		Strategy: string(res.Request.Strategy), Racers: res.Request.Racers, ThinkMS: int(res.Request.Think.Milliseconds()),

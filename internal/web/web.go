@@ -109,7 +109,7 @@ type App struct {
 	policies *policies.Store
 	slots    *slots.Store
 	booker   *slots.Booker // booking and release, one commit each
-	lab      *slots.Lab    // the race lab
+	lab      *labs.RaceLab // the race lab
 	labs     *labs.Labs    // the numbered labs
 
 	provider        *provider.HTTPClient
@@ -154,7 +154,7 @@ func New(cfg Config, d Deps) *App {
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
 		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy),
-		lab:      slots.NewLab(d.Pool),
+		lab:      labs.NewRaceLab(d.Pool),
 		labs:     d.Labs,
 
 		provider:        d.Provider,

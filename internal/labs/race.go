@@ -1,4 +1,4 @@
-package slots
+package labs
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/slots"
 )
 
 // The race lab: N users try to book one slot at the same instant, each in
@@ -22,14 +23,14 @@ import (
 // The lab works on its own data: schema race_lab (migration 00052) has
 // racers, slots and bookings of the same shape as the business tables, and
 // every connection of a race runs with search_path = race_lab, so the very
-// booking code below (Store.Book) books the lab's slots — never a slot of
+// booking code (slots.Store.Book) books the lab's slots — never a slot of
 // the demo week, a customer's booking, or a row of users.
 
 const (
-	// LabSchema holds the lab's racers, slots and bookings.
-	LabSchema = "race_lab"
-	// LabResource is the resource of the lab's fresh slots.
-	LabResource = "Race lab"
+	// RaceSchema holds the lab's racers, slots and bookings.
+	RaceSchema = "race_lab"
+	// RaceResource is the resource of the lab's fresh slots.
+	RaceResource = "Race lab"
 	// RacerPrefix names the lab's racers: racer-01 … racer-64, fixed rows
 	// of race_lab.racers, each a different user as in a real race.
 	RacerPrefix = "racer-"
@@ -40,14 +41,14 @@ const (
 )
 
 // ErrInvalidRace is a race request out of bounds.
-var ErrInvalidRace = errors.New("slots: invalid race")
+var ErrInvalidRace = errors.New("labs: invalid race")
 
 // RaceRequest describes one race.
 type RaceRequest struct {
 	// SlotID is the slot to race for; 0 means a fresh slot made for this race.
 	SlotID   int64
 	Racers   int
-	Strategy Strategy
+	Strategy slots.Strategy
 	// Think widens the window between check and write (BookRequest.Think).
 	Think time.Duration
 }
@@ -62,24 +63,24 @@ func (r RaceRequest) Validate() error {
 	case r.SlotID < 0:
 		return fmt.Errorf("%w: the slot must be a fresh one or one of the lab's", ErrInvalidRace)
 	}
-	_, err := ParseStrategy(string(r.Strategy))
+	_, err := slots.ParseStrategy(string(r.Strategy))
 	return err
 }
 
 // Racer outcomes.
 const (
 	Won     = "won"
-	Refused = "refused" // ErrSlotTaken: a clean "no"
+	Refused = "refused" // slots.ErrSlotTaken: a clean "no"
 	Failed  = "failed"  // any other error: a bug or an outage, never expected
 )
 
 // RacerResult is one racer's attempt.
 type RacerResult struct {
-	Racer     int    `json:"racer"` // 1-based
-	User      string `json:"user"`
-	Outcome   string `json:"outcome"`
-	BookingID int64  `json:"booking_id,omitempty"`
-	Trace     Trace  `json:"trace"`
+	Racer     int         `json:"racer"` // 1-based
+	User      string      `json:"user"`
+	Outcome   string      `json:"outcome"`
+	BookingID int64       `json:"booking_id,omitempty"`
+	Trace     slots.Trace `json:"trace"`
 	// Took is the whole attempt: from the start signal to commit or rollback.
 	Took time.Duration `json:"took_ns"`
 	// Finished is the order in which attempts ended, from 1.
@@ -97,8 +98,8 @@ type RaceResult struct {
 	// Elapsed is from the start signal to the last attempt's end.
 	Elapsed time.Duration `json:"elapsed_ns"`
 	// After the race: the slot as committed, and invariant 3 over all slots.
-	Slot       Slot        `json:"slot"`
-	Violations []Violation `json:"violations"`
+	Slot       slots.Slot        `json:"slot"`
+	Violations []slots.Violation `json:"violations"`
 }
 
 // Verdict is the race in one line.
@@ -134,26 +135,26 @@ func (r RaceResult) Verdict() string {
 // Lab runs races. One race at a time per process: each racer holds a
 // connection of its own, and a person clicking twice should not double
 // what the lab asks of the database.
-type Lab struct {
+type RaceLab struct {
 	pool *pgxpool.Pool
 	turn chan struct{} // a one-slot semaphore: holding it is "my turn"
 }
 
-// NewLab returns a Lab whose races connect like pool, in LabSchema.
-func NewLab(pool *pgxpool.Pool) *Lab {
-	return &Lab{pool: pool, turn: make(chan struct{}, 1)}
+// NewLab returns a Lab whose races connect like pool, in RaceSchema.
+func NewRaceLab(pool *pgxpool.Pool) *RaceLab {
+	return &RaceLab{pool: pool, turn: make(chan struct{}, 1)}
 }
 
 // Race runs r: it makes the racers (and a fresh slot if asked), opens one
 // connection per racer, releases every racer at once with close(start),
 // and reports each attempt and invariant 3 afterwards. It returns
-// ErrInvalidRace or ErrUnknownStrategy for a bad request, ErrNotFound for
+// ErrInvalidRace or slots.ErrUnknownStrategy for a bad request, slots.ErrNotFound for
 // an unknown slot.
 //
 // Racers get their own connections, outside the pool, so that they contend
 // for the slot's row rather than queue for a pooled connection: a race of 64
 // on a pool of 20 would otherwise mostly measure the pool.
-func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
+func (l *RaceLab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 	if err := r.Validate(); err != nil {
 		return RaceResult{}, err
 	}
@@ -176,7 +177,7 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 		}
 	}()
 	referee, conns := all[0], all[1:]
-	store := NewStore(referee)
+	store := slots.NewStore(referee)
 	if r.SlotID == 0 {
 		if r.SlotID, err = freshSlot(ctx, referee); err != nil {
 			return RaceResult{}, err
@@ -202,7 +203,7 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 			<-start
 			t0 := time.Now()
 			err := pgx.BeginFunc(ctx, conns[i], func(tx pgx.Tx) error {
-				b, tr, err := store.Book(ctx, tx, BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
+				b, tr, err := store.Book(ctx, tx, slots.BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
 				rr.Trace, rr.BookingID = tr, b.ID
 				return err
 			})
@@ -211,7 +212,7 @@ func (l *Lab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 			switch {
 			case err == nil:
 				rr.Outcome = Won
-			case errors.Is(err, ErrSlotTaken):
+			case errors.Is(err, slots.ErrSlotTaken):
 				rr.Outcome = Refused
 			default:
 				rr.Outcome, rr.Error = Failed, err.Error()
@@ -259,17 +260,17 @@ func racersOf(ctx context.Context, db database.DBTX, n int) ([]racer, error) {
 		 ORDER BY id
 		 LIMIT $1`, n)
 	if err != nil {
-		return nil, fmt.Errorf("slots: race: racers: %w", err)
+		return nil, fmt.Errorf("labs: race: racers: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (racer, error) {
 		var r racer
 		return r, row.Scan(&r.id, &r.name)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("slots: race: racers: %w", err)
+		return nil, fmt.Errorf("labs: race: racers: %w", err)
 	}
 	if len(list) != n {
-		return nil, fmt.Errorf("slots: race: found %d of %d racers", len(list), n)
+		return nil, fmt.Errorf("labs: race: found %d of %d racers", len(list), n)
 	}
 	return list, nil
 }
@@ -283,34 +284,34 @@ func freshSlot(ctx context.Context, db database.DBTX) (int64, error) {
 		  FROM (SELECT coalesce(max(starts_at) + interval '1 hour', date_trunc('hour', now())) AS t
 		          FROM slots
 		         WHERE resource = $1) AS next
-		RETURNING id`, LabResource).Scan(&id)
+		RETURNING id`, RaceResource).Scan(&id)
 	if err != nil {
-		return 0, fmt.Errorf("slots: race: fresh slot: %w", err)
+		return 0, fmt.Errorf("labs: race: fresh slot: %w", err)
 	}
 	return id, nil
 }
 
 // RecentLabSlots returns the lab's latest slots, newest first, to race for
 // again (a booked one shows what a loser sees).
-func (l *Lab) RecentLabSlots(ctx context.Context, limit int) ([]Slot, error) {
+func (l *RaceLab) RecentLabSlots(ctx context.Context, limit int) ([]slots.Slot, error) {
 	rows, err := l.pool.Query(ctx, `
 		SELECT id, resource, starts_at, ends_at, status, booking_id
 		  FROM race_lab.slots
 		 ORDER BY starts_at DESC
 		 LIMIT $1`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("slots: lab slots: %w", err)
+		return nil, fmt.Errorf("labs: lab slots: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Slot])
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[slots.Slot])
 	if err != nil {
-		return nil, fmt.Errorf("slots: lab slots: %w", err)
+		return nil, fmt.Errorf("labs: lab slots: %w", err)
 	}
 	return list, nil
 }
 
 // connect opens n connections like the pool's but in the lab's schema, all
 // before the race starts.
-func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
+func (l *RaceLab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
 	conns := make([]*pgx.Conn, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -319,7 +320,7 @@ func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
 		go func() {
 			defer wg.Done()
 			cfg := l.pool.Config().ConnConfig.Copy()
-			cfg.RuntimeParams["search_path"] = LabSchema // unqualified names are the lab's tables
+			cfg.RuntimeParams["search_path"] = RaceSchema // unqualified names are the lab's tables
 			conns[i], errs[i] = pgx.ConnectConfig(ctx, cfg)
 		}()
 	}
@@ -330,7 +331,7 @@ func (l *Lab) connect(ctx context.Context, n int) ([]*pgx.Conn, error) {
 				c.Close(context.Background())
 			}
 		}
-		return nil, fmt.Errorf("slots: race: connect racers: %w", err)
+		return nil, fmt.Errorf("labs: race: connect racers: %w", err)
 	}
 	return conns, nil
 }
