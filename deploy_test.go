@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis", "kafka"} {
 		service(t, p, name)
 	}
 }
@@ -265,7 +265,7 @@ func TestComposeNATS(t *testing.T) {
 		if err != nil || u.Scheme != "nats" || u.Hostname() != "nats" || u.Port() != "4222" {
 			t.Errorf("%s NATS_URL = %q, want nats://nats:4222", name, env(t, app, "NATS_URL"))
 		}
-		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" {
+		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" && tr != "kafka" {
 			t.Errorf("%s EVENTS_TRANSPORT = %q", name, tr)
 		}
 		if _, ok := app.DependsOn["nats"]; !ok {
@@ -413,5 +413,42 @@ func TestDockerfileBuild(t *testing.T) {
 	}
 	if info.Size() == 0 || info.Mode()&0o111 == 0 {
 		t.Errorf("binary %s: size %d, mode %v", out, info.Size(), info.Mode())
+	}
+}
+
+// Kafka runs as its own service in KRaft mode (one node, broker and
+// controller), its log on a volume, advertised by its service name; every
+// app replica reaches it there (not the embedded broker) and waits for it.
+func TestComposeKafka(t *testing.T) {
+	p := loadCompose(t)
+	kafka := service(t, p, "kafka")
+	if !strings.HasPrefix(kafka.Image, "apache/kafka:") {
+		t.Errorf("kafka image = %q", kafka.Image)
+	}
+	roles := strings.Split(env(t, kafka, "KAFKA_PROCESS_ROLES"), ",")
+	if !slices.Contains(roles, "broker") || !slices.Contains(roles, "controller") {
+		t.Errorf("KAFKA_PROCESS_ROLES = %v, want broker and controller (KRaft, one node)", roles)
+	}
+	if v := env(t, kafka, "KAFKA_CONTROLLER_QUORUM_VOTERS"); !strings.HasPrefix(v, env(t, kafka, "KAFKA_NODE_ID")+"@kafka:") {
+		t.Errorf("KAFKA_CONTROLLER_QUORUM_VOTERS = %q, want this node as the one voter", v)
+	}
+	if v := env(t, kafka, "KAFKA_ADVERTISED_LISTENERS"); !strings.Contains(v, "://kafka:9092") {
+		t.Errorf("KAFKA_ADVERTISED_LISTENERS = %q: clients on the network must be told kafka:9092", v)
+	}
+	if v := env(t, kafka, "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"); v != "1" {
+		t.Errorf("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR = %q: one node cannot hold more replicas of the committed offsets", v)
+	}
+	logs := env(t, kafka, "KAFKA_LOG_DIRS")
+	if !slices.ContainsFunc(kafka.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Target == logs }) {
+		t.Errorf("kafka keeps its log in %s, which is not a volume: it would forget topics and offsets on restart", logs)
+	}
+	for _, name := range []string{"app", "app2"} {
+		app := service(t, p, name)
+		if b := env(t, app, "KAFKA_BROKERS"); b != "kafka:9092" {
+			t.Errorf("%s KAFKA_BROKERS = %q, want kafka:9092 (the real broker, not the embedded one)", name, b)
+		}
+		if _, ok := app.DependsOn["kafka"]; !ok {
+			t.Errorf("%s does not depend on kafka", name)
+		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 
 // eventsConfig is the EVENTS_* and NATS_URL environment (docs/api.md).
 type eventsConfig struct {
-	Transport string // EVENTS_TRANSPORT: nats or river
+	Transport string // EVENTS_TRANSPORT: nats, river or kafka
 	// Workers (EVENTS_WORKERS, default on) runs the relay and the consumers
 	// in this `web serve`. Off, the process only writes events (into the
 	// outbox, in the business transactions) and `web events` elsewhere
@@ -37,6 +37,18 @@ type eventsConfig struct {
 	MaxAttempts     int           // EVENTS_MAX_ATTEMPTS: failed publishes before DEAD
 	Retention       time.Duration // EVENTS_RETENTION: how long SENT rows and the logs are kept
 	InboxRetention  time.Duration // EVENTS_INBOX_RETENTION: how long the inboxes remember
+
+	// Kafka. KafkaBrokers (KAFKA_BROKERS, comma-separated) names a real
+	// cluster; empty, the process that runs the Kafka workers starts the
+	// embedded broker (kfake) on KafkaAddr (KAFKA_ADDR), its log in
+	// KafkaDataDir (KAFKA_DATA_DIR, "" = memory). Several instances share
+	// one broker: `web kafka` alone, and KAFKA_BROKERS on every instance.
+	KafkaBrokers        []string
+	KafkaAddr           string
+	KafkaDataDir        string
+	Topic               string        // EVENTS_TOPIC: default idemlab.events.<database>
+	KafkaPartitions     int           // EVENTS_KAFKA_PARTITIONS
+	KafkaSessionTimeout time.Duration // EVENTS_KAFKA_SESSION_TIMEOUT: a silent member's partitions are handed on after it
 }
 
 func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsConfig, error) {
@@ -45,6 +57,15 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		NATSURL: or(getenv("NATS_URL"), nats.DefaultURL),
 		Stream:  getenv("EVENTS_STREAM"),
 		Subject: getenv("EVENTS_SUBJECT"),
+		Topic:   getenv("EVENTS_TOPIC"),
+
+		KafkaAddr:    or(getenv("KAFKA_ADDR"), "127.0.0.1:9092"),
+		KafkaDataDir: getenv("KAFKA_DATA_DIR"),
+	}
+	for _, b := range strings.Split(getenv("KAFKA_BROKERS"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			ec.KafkaBrokers = append(ec.KafkaBrokers, b)
+		}
 	}
 	var err error
 	switch v := getenv("EVENTS_WORKERS"); v {
@@ -57,11 +78,10 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 	if ec.Transport, err = events.ParseTransport(getenv("EVENTS_TRANSPORT")); err != nil {
 		return ec, fmt.Errorf("EVENTS_TRANSPORT: %w", err)
 	}
-	if ec.Stream == "" || ec.Subject == "" {
-		db := databaseName(databaseURL)
-		ec.Stream = or(ec.Stream, "IDEMLAB_EVENTS_"+strings.ToUpper(db))
-		ec.Subject = or(ec.Subject, "idemlab.events."+db)
-	}
+	db := databaseName(databaseURL)
+	ec.Stream = or(ec.Stream, "IDEMLAB_EVENTS_"+strings.ToUpper(db))
+	ec.Subject = or(ec.Subject, "idemlab.events."+db)
+	ec.Topic = or(ec.Topic, "idemlab.events."+db)
 	for _, d := range []struct {
 		dst  *time.Duration
 		name string
@@ -73,13 +93,22 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		{&ec.RelayLease, "EVENTS_RELAY_LEASE", 30 * time.Second},
 		{&ec.Retention, "EVENTS_RETENTION", 24 * time.Hour},
 		{&ec.InboxRetention, "EVENTS_INBOX_RETENTION", 30 * 24 * time.Hour},
+		{&ec.KafkaSessionTimeout, "EVENTS_KAFKA_SESSION_TIMEOUT", 10 * time.Second},
 	} {
 		if *d.dst, err = durationEnv(getenv, d.name, d.def); err != nil {
 			return ec, err
 		}
 	}
 	n, err := intEnv(getenv, "EVENTS_MAX_ATTEMPTS", 10)
+	if err != nil {
+		return ec, err
+	}
 	ec.MaxAttempts = int(n)
+	p, err := intEnv(getenv, "EVENTS_KAFKA_PARTITIONS", 4)
+	if err == nil && (p < 1 || p > 1000) {
+		err = fmt.Errorf("EVENTS_KAFKA_PARTITIONS: %d is not from 1 to 1000", p)
+	}
+	ec.KafkaPartitions = int(p)
 	return ec, err
 }
 
@@ -140,9 +169,64 @@ func (er *eventsRuntime) Run(ctx context.Context) {
 	switch er.cfg.Transport {
 	case events.TransportRiver:
 		er.runRiver(ctx)
+	case events.TransportKafka:
+		er.runKafka(ctx)
 	default:
 		er.runNATS(ctx)
 	}
+}
+
+// relay returns the relay of this process's outbox rows to pub.
+func (er *eventsRuntime) relay(pub events.Publisher) (*events.Relay, error) {
+	return events.NewRelay(er.pool, pub, events.RelayConfig{Instance: er.instance,
+		Interval: er.cfg.RelayInterval, Lease: er.cfg.RelayLease, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
+		InboxRetention: er.cfg.InboxRetention, Crash: er.crash, Injector: er.injector,
+		Metrics: er.metrics, Logger: er.logger})
+}
+
+// runKafka runs the relay to the topic and one member of each consumer's
+// group. With no KAFKA_BROKERS it hosts the embedded broker itself.
+func (er *eventsRuntime) runKafka(ctx context.Context) {
+	brokers := er.cfg.KafkaBrokers
+	if len(brokers) == 0 {
+		broker, err := events.StartKafkaBroker(events.KafkaBrokerConfig{Addr: er.cfg.KafkaAddr, DataDir: er.cfg.KafkaDataDir})
+		if err != nil {
+			er.logger.Error("events: embedded kafka broker", "err", err)
+			return
+		}
+		defer broker.Close()
+		er.logger.Info("events: embedded kafka broker listening", "addr", broker.Addr(), "data_dir", er.cfg.KafkaDataDir)
+		brokers = []string{broker.Addr()}
+	}
+	var k *events.Kafka
+	for k == nil {
+		var err error
+		k, err = events.NewKafka(ctx, events.KafkaConfig{Brokers: brokers, Topic: er.cfg.Topic,
+			Partitions: int32(er.cfg.KafkaPartitions), SessionTimeout: er.cfg.KafkaSessionTimeout,
+			PollInterval: er.cfg.AckWait, Logger: er.logger})
+		if err != nil {
+			er.logger.Warn("events: kafka topic not ready; the outbox keeps the events meanwhile", "err", err)
+			if !sleepCtx(ctx, 2*time.Second) {
+				return
+			}
+		}
+	}
+	defer k.Close()
+	relay, err := er.relay(k)
+	if err != nil {
+		er.logger.Error("events: relay", "err", err)
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); relay.Run(ctx) }()
+	for _, h := range er.handlers() {
+		c := k.Consumer(h, events.ConsumerConfig{Injector: er.injector, Logger: er.logger})
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Run(ctx) }()
+	}
+	<-ctx.Done()
 }
 
 func (er *eventsRuntime) runRiver(ctx context.Context) {
@@ -182,10 +266,7 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 			}
 		}
 	}
-	relay, err := events.NewRelay(er.pool, js, events.RelayConfig{Instance: er.instance,
-		Interval: er.cfg.RelayInterval, Lease: er.cfg.RelayLease, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
-		InboxRetention: er.cfg.InboxRetention, Crash: er.crash, Injector: er.injector,
-		Metrics: er.metrics, Logger: er.logger})
+	relay, err := er.relay(js)
 	if err != nil {
 		er.logger.Error("events: relay", "err", err)
 		return
@@ -235,5 +316,20 @@ func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.
 	run := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
 	fmt.Fprintf(stdout, "events %q running (%s)\n", cfg.InstanceID, cfg.Events.Transport)
 	run.Run(ctx)
+	return nil
+}
+
+// kafkaOnly is `web kafka`: the embedded broker alone, for several app
+// instances (and `web events` processes) sharing one broker without a real
+// cluster: each sets KAFKA_BROKERS to its address.
+func kafkaOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	broker, err := events.StartKafkaBroker(events.KafkaBrokerConfig{Addr: cfg.Events.KafkaAddr, DataDir: cfg.Events.KafkaDataDir})
+	if err != nil {
+		return err
+	}
+	defer broker.Close()
+	fmt.Fprintf(stdout, "kafka broker listening on %s\n", broker.Addr())
+	logger.Info("kafka broker (embedded) running", "addr", broker.Addr(), "data_dir", cfg.Events.KafkaDataDir)
+	<-ctx.Done()
 	return nil
 }

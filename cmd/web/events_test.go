@@ -180,27 +180,44 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 
 // The relay and a consumer killed with SIGKILL at their crash points, in a
 // real process, then the server restarted: nothing is lost, and each event
-// is applied once per consumer — the broker's dedupe window catches the
-// relay's second publish, the inbox catches the consumer's redelivery.
+// is applied once per consumer. On NATS the broker's dedupe window catches
+// the relay's second publish; on Kafka nothing does (a new producer session,
+// no window on the event id) and the inbox catches it; a consumer's
+// redelivery — JetStream's after AckWait, Kafka's from the group's committed
+// offset, which the dead member never moved — is the inbox's on both.
 func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		at string
+		transport, at string
 		// the layer that must have caught a duplicate after the restart
 		caught string
 	}{
-		{"relay_after_publish_before_mark", "broker"},
-		{"consumer_after_commit_before_ack", "inbox"},
+		{"nats", "relay_after_publish_before_mark", "broker"},
+		{"nats", "consumer_after_commit_before_ack", "inbox"},
+		{"kafka", "relay_after_publish_before_mark", "inbox"},
+		{"kafka", "consumer_after_commit_before_ack", "inbox"},
 	} {
-		t.Run(tc.at, func(t *testing.T) {
+		t.Run(tc.transport+"/"+tc.at, func(t *testing.T) {
 			t.Parallel()
 			db := testdb.New(t)
 			ctx := context.Background()
 			env := map[string]string{
 				"DATABASE_URL": db.URL, "ADDR": "127.0.0.1:0", "PROVIDER_ADDR": "127.0.0.1:0", "PAYMENTS_ADDR": "127.0.0.1:0",
 				"SESSION_SECRET": "s", "LOG_LEVEL": "warn", "DB_MAX_CONNS": "5",
-				"EVENTS_ACK_WAIT": "1s", "EVENTS_RELAY_INTERVAL": "100ms",
+				"EVENTS_TRANSPORT": tc.transport,
+				"EVENTS_ACK_WAIT":  "1s", "EVENTS_RELAY_INTERVAL": "100ms",
 				"EVENTS_RELAY_LEASE": "2s", // the dead relay's claim runs out quickly
+			}
+			if tc.transport == "kafka" {
+				// The broker outlives the killed server: it runs here, in
+				// the test, as `web kafka` or a real cluster would.
+				broker, err := events.StartKafkaBroker(events.KafkaBrokerConfig{Addr: "127.0.0.1:0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(broker.Close)
+				env["KAFKA_BROKERS"] = broker.Addr()
+				env["EVENTS_KAFKA_SESSION_TIMEOUT"] = "2s" // the dead member leaves its group after it
 			}
 			crashing := map[string]string{"CRASH_AT": tc.at}
 			for k, v := range env {
@@ -208,6 +225,11 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 			}
 			victim := startChild(t, crashing)
 			s := &testServer{URL: victim.URL, DB: db, t: t}
+			waitUntil(t, 10*time.Second, func() bool { // the transport is recorded at start
+				var tr string
+				db.Pool.QueryRow(ctx, `SELECT transport FROM events_config`).Scan(&tr)
+				return tr == tc.transport
+			})
 			id := writeCancelledEvent(t, s)
 			state := victim.waitExit(t, 30*time.Second)
 			if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
@@ -218,10 +240,17 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 			if tc.at == "relay_after_publish_before_mark" && status != "PENDING" {
 				t.Fatalf("after the relay's crash the event is %s, want PENDING (published, not marked)", status)
 			}
+			if tc.at == "consumer_after_commit_before_ack" {
+				var applied int
+				db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, id).Scan(&applied)
+				if applied == 0 {
+					t.Fatalf("the server died at %s with nothing applied", tc.at)
+				}
+			}
 
 			restarted := startChild(t, env)
 			s = &testServer{URL: restarted.URL, DB: db, t: t}
-			waitUntil(t, 30*time.Second, func() bool {
+			waitUntil(t, 60*time.Second, func() bool {
 				var inbox, caught int
 				db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1`, id).Scan(&inbox)
 				if tc.caught == "broker" {

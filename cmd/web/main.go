@@ -5,6 +5,8 @@
 //	web provider             the fake provider alone
 //	web payments             the fake payments service alone
 //	web recover              the recovery loop alone (needs PROVIDER_URL)
+//	web events               the events' relay and consumers alone
+//	web kafka                the embedded Kafka broker alone (KAFKA_ADDR, KAFKA_DATA_DIR)
 //	web migrate up|down|status
 //	web user set NAME [-role customer|admin] [-token]
 //	                         credentials outside demo mode (PASSWORD from the environment)

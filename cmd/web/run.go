@@ -56,6 +56,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return recoverOnly(ctx, cfg, logger, stdout)
 	case "events":
 		return eventsOnly(ctx, cfg, logger, stdout)
+	case "kafka":
+		return kafkaOnly(ctx, cfg, logger, stdout)
 	case "migrate":
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
@@ -63,7 +65,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "user":
 		return userCommand(ctx, cfg, getenv, logger, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, provider, payments, recover, events, migrate, user or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, payments, recover, events, kafka, migrate, user or healthcheck)", cmd)
 	}
 }
 

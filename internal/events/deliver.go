@@ -73,6 +73,7 @@ func process(ctx context.Context, h *Handler, inj *Injector, side transportSide,
 		// transport may cancel ctx at its own deadline (River's job
 		// timeout): a handler that outlives it is the point, so the hold
 		// does not watch ctx, and the handling that follows ignores it.
+		h.hold(ctx, d)
 		time.Sleep(side.ackDeadline + holdMargin)
 		h.waitApplied(context.WithoutCancel(ctx), d.ID, holdBound)
 		ctx = context.WithoutCancel(ctx)

@@ -28,6 +28,13 @@
 //   - River, a queue inside PostgreSQL: Write also inserts one River job per
 //     consumer, with InsertTx, in the same transaction. The row is SENT at
 //     once; River's retries, job timeout and rescuer deliver the job.
+//   - Kafka, a partitioned log: the relay produces each row with its event
+//     id as the record key (the idempotent producer dedupes only one
+//     session's retries); each consumer is a consumer group whose members
+//     commit offsets only after the effect's transaction committed, so a
+//     crash, a lost commit or a rebalance in between redelivers from the
+//     committed offset. The broker is a real cluster (KAFKA_BROKERS) or
+//     kfake in the process (KafkaBroker).
 //
 // # Consuming: the inbox
 //

@@ -29,10 +29,11 @@ const (
 const (
 	TransportNATS  = "nats"  // the relay publishes to NATS JetStream
 	TransportRiver = "river" // the writer's transaction inserts River jobs
+	TransportKafka = "kafka" // the relay produces to a Kafka topic
 )
 
 // Transports lists the transports this build implements.
-var Transports = []string{TransportNATS, TransportRiver}
+var Transports = []string{TransportNATS, TransportRiver, TransportKafka}
 
 var (
 	// ErrInvalidEvent: a type, key or payload the outbox would refuse.
@@ -193,7 +194,7 @@ func ParseTransport(s string) (string, error) {
 		return TransportNATS, nil
 	}
 	if !slices.Contains(Transports, s) {
-		return "", fmt.Errorf("%w %q (want %s)", ErrUnknownTransport, s, strings.Join(Transports, " or "))
+		return "", fmt.Errorf("%w %q (want %s)", ErrUnknownTransport, s, strings.Join(Transports, ", "))
 	}
 	return s, nil
 }

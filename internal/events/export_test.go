@@ -12,3 +12,5 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayCounts, error) { return r.run
 func (r *Relay) Purge(ctx context.Context, at time.Time) (int, error) { return r.purge(ctx, &at) }
 
 func (c *NATSConsumer) RunOnce(ctx context.Context) (int, error) { return c.runOnce(ctx) }
+
+func (c *KafkaConsumer) RunOnce(ctx context.Context) (int, error) { return c.runOnce(ctx) }

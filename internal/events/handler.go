@@ -20,6 +20,7 @@ const (
 	OutcomeDuplicate = "duplicate" // the inbox had it: nothing applied
 	OutcomeDeferred  = "deferred"  // sent back unhandled (the injector's out_of_order)
 	OutcomeFailed    = "failed"    // the effect's transaction failed and rolled back
+	OutcomeHeld      = "held"      // held past the ack deadline before handling (the injector's hold_past_deadline)
 )
 
 // The layers that can catch a duplicate.
@@ -45,6 +46,9 @@ type Delivery struct {
 	Attempt int
 	// Injected is the injector mode applied to this delivery, if any.
 	Injected Mode
+	// Via is where the transport had it from, in its own terms ("partition
+	// 2 offset 17", a task's name): shown, never used to dedupe.
+	Via string
 }
 
 // Handler is the consumer rule, the one place every transport's
@@ -120,7 +124,7 @@ func (h *Handler) Handle(ctx context.Context, d Delivery) (string, error) {
 			caughtBy = ptr(LayerInbox)
 		}
 		_, err = tx.Exec(ctx, sqlRecordDelivery, d.ID, name, h.transport, h.instance, d.Attempt,
-			outcome, caughtBy, nullMode(d.Injected), "")
+			outcome, caughtBy, nullMode(d.Injected), d.Via)
 		return err
 	})
 	if err != nil {
@@ -137,6 +141,24 @@ func (h *Handler) Defer(ctx context.Context, d Delivery, why string) {
 	h.record(ctx, d, OutcomeDeferred, why)
 }
 
+// hold records that d is being held past the transport's ack deadline
+// before it is handled: a transport that keeps no delivery count (Kafka)
+// then knows the copy it hands to another instance is not a first one.
+func (h *Handler) hold(ctx context.Context, d Delivery) {
+	h.record(ctx, d, OutcomeHeld, "held past the ack deadline")
+}
+
+// priorDeliveries counts the deliveries of id recorded for this consumer.
+func (h *Handler) priorDeliveries(ctx context.Context, id uuid.UUID) (int, error) {
+	var n int
+	err := h.pool.QueryRow(ctx, `
+		SELECT count(*)
+		  FROM event_deliveries
+		 WHERE event_id = $1
+		   AND consumer = $2`, id, h.consumer.Name()).Scan(&n)
+	return n, err
+}
+
 // recordFailure writes the failed delivery outside the rolled-back
 // transaction, so the Events page shows it.
 func (h *Handler) recordFailure(ctx context.Context, d Delivery, cause error) {
@@ -145,6 +167,9 @@ func (h *Handler) recordFailure(ctx context.Context, d Delivery, cause error) {
 
 func (h *Handler) record(ctx context.Context, d Delivery, outcome, detail string) {
 	h.metrics.delivered(h.consumer.Name(), h.transport, outcome)
+	if d.Via != "" {
+		detail += " (" + d.Via + ")"
+	}
 	_, err := h.pool.Exec(context.WithoutCancel(ctx), sqlRecordDelivery, d.ID, h.consumer.Name(), h.transport,
 		h.instance, d.Attempt, outcome, nil, nullMode(d.Injected), detail)
 	if err != nil {

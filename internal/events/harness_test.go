@@ -27,6 +27,10 @@ type bundle struct {
 	nc       *nats.Conn
 	nats     *events.NATS
 	natsCfg  events.NATSConfig
+	kafka    *events.Kafka
+	kafkaCfg events.KafkaConfig
+	// pub is what the bundle's relay publishes through (nats or kafka)
+	pub      events.Publisher
 	injector *events.Injector
 	userID   int64
 	// transport the bundle's events travel on
@@ -61,6 +65,7 @@ func setupNATS(t testing.TB, url string, cfg events.NATSConfig) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.pub = b.nats
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -109,15 +114,15 @@ func (b *bundle) relay(t testing.TB, cfg events.RelayConfig) *events.Relay {
 	if cfg.Instance == "" {
 		cfg.Instance = "test-relay"
 	}
-	r, err := events.NewRelay(b.db.Pool, b.nats, cfg)
+	r, err := events.NewRelay(b.db.Pool, b.pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// startConsumers runs `instances` instances of each consumer until the
-// test ends.
+// startConsumers runs `instances` instances of each consumer on the
+// bundle's transport (NATS or Kafka) until the test ends.
 func (b *bundle) startConsumers(t testing.TB, instances int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -126,14 +131,20 @@ func (b *bundle) startConsumers(t testing.TB, instances int) {
 	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
 		for i := range instances {
 			h := events.NewHandler(b.db.Pool, c, events.HandlerConfig{
-				Transport: events.TransportNATS, Instance: fmt.Sprintf("instance-%d", i+1)})
-			cons, err := b.nats.Consumer(ctx, h, events.ConsumerConfig{
-				Wait: 200 * time.Millisecond, RetryAfter: 200 * time.Millisecond, Injector: b.injector})
-			if err != nil {
-				t.Fatal(err)
+				Transport: b.transport, Instance: fmt.Sprintf("instance-%d", i+1)})
+			cfg := events.ConsumerConfig{Wait: 200 * time.Millisecond, RetryAfter: 200 * time.Millisecond, Injector: b.injector}
+			var run func(context.Context)
+			if b.transport == events.TransportKafka {
+				run = b.kafka.Consumer(h, cfg).Run
+			} else {
+				cons, err := b.nats.Consumer(ctx, h, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				run = cons.Run
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); cons.Run(ctx) }()
+			go func() { defer wg.Done(); run(ctx) }()
 		}
 	}
 }

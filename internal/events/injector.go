@@ -175,6 +175,17 @@ func (in *Injector) List(ctx context.Context) ([]Injection, error) {
 	return list, nil
 }
 
+// quiet reports that nothing was armed when this process last looked (a
+// nil injector is always quiet).
+func (in *Injector) quiet() bool {
+	if in == nil {
+		return true
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return time.Now().Before(in.idleUntil)
+}
+
 // take uses one delivery of the first entry that matches consumer ("" for
 // a publish, which matches entries for any consumer) and one of modes.
 // It returns "" when nothing matches. A nil injector never injects.

@@ -155,6 +155,8 @@ var guarantees = map[string]string{
 		"consumers ack after their commit. At least once: a lost ack or a crash redelivers.",
 	events.TransportRiver: "each event's River jobs are inserted in the writer's own transaction (the outbox is the queue); " +
 		"River's retries, job timeout and rescuer run each job at least once.",
+	events.TransportKafka: "a relay produces each outbox row to a Kafka topic, keyed by its event id, and marks it sent after the acks; " +
+		"each consumer is a consumer group that commits its offsets after its commit. At least once: a crash, a lost commit or a rebalance redelivers from the committed offset.",
 }
 
 // handleEventsPage: GET /events — everyone signed in; the injector and
