@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemlab/idemlab"
 )
 
 // Lab is one lesson: a scenario, its variants, and what to read.
@@ -47,12 +49,14 @@ var (
 	colRefused    = Column{Key: "refused", Label: "stopped by a guard"}
 )
 
-// CodeRef points at one line of idemlab's source. Line is kept honest by a
-// test: the line must contain Text.
+// CodeRef points at one line of idemlab's source by what the line says. The
+// line's number is looked up in the embedded source when the catalogue is
+// built, so an edit above the line moves the link with it; a test fails when
+// no line says Text any more.
 type CodeRef struct {
 	Path string `json:"path"` // from the repository's root
-	Line int    `json:"line"`
-	Text string `json:"text"` // what the line says (a fragment)
+	Line int    `json:"line"` // found from Text; 0 when no line says it
+	Text string `json:"text"` // the whole line, trimmed
 	Says string `json:"says"` // why it matters, in a sentence
 }
 
@@ -145,6 +149,15 @@ var catalogue = []*Lab{
 	beliefLab,
 	statusLab,
 	timeoutsLab,
+}
+
+// The lines are found once, at start-up: the embedded source cannot change.
+func init() {
+	for _, l := range catalogue {
+		for i := range l.Code {
+			l.Code[i].Line = idemlab.LineOf(l.Code[i].Path, l.Code[i].Text)
+		}
+	}
 }
 
 // All lists the labs in order.

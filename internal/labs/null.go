@@ -31,9 +31,9 @@ var nullLab = &Lab{
 		{Key: "refused", Label: "refused by the index (23505)"},
 	},
 	Code: []CodeRef{
-		{Path: "migrations/00001_users_policies_slots.sql", Line: 65, Text: "CREATE UNIQUE INDEX bookings_one_confirmed_per_slot ON bookings (slot_id) WHERE status = 'CONFIRMED';",
+		{Path: "migrations/00001_users_policies_slots.sql", Text: "CREATE UNIQUE INDEX bookings_one_confirmed_per_slot ON bookings (slot_id) WHERE status = 'CONFIRMED';",
 			Says: "the app's last line of defence: the partial unique index on the status"},
-		{Path: "migrations/00040_labs.sql", Line: 177, Text: "CONSTRAINT bookings_plain_unique_slot_live_key UNIQUE (run_id, slot_id, live)",
+		{Path: "migrations/00040_labs.sql", Text: "CONSTRAINT bookings_plain_unique_slot_live_key UNIQUE (run_id, slot_id, live)",
 			Says: "the broken index: it holds only while every writer sets live"},
 	},
 	run: runNull,

@@ -40,9 +40,9 @@ var timeoutsLab = &Lab{
 	},
 	RunHint: "Three real cancellations of the lab's own policies, one fault each; recovery finishes them while you watch.",
 	Code: []CodeRef{
-		{Path: "internal/workflow/recover.go", Line: 54, Text: "func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (recovery.Result, error) {",
+		{Path: "internal/workflow/recover.go", Text: "func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (recovery.Result, error) {",
 			Says: "the decision tree recovery runs for each of the three operations"},
-		{Path: "internal/fault/doc.go", Line: 16, Text: "//\tmode           the fake does                        caller sees        truth afterwards",
+		{Path: "internal/fault/doc.go", Text: "//\tmode           the fake does                        caller sees        truth afterwards",
 			Says: "the three modes, and the truth each leaves behind"},
 	},
 	run: runTimeouts,
