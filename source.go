@@ -14,7 +14,10 @@ import (
 	"strings"
 )
 
-//go:embed go.mod Makefile docker-compose.yml Dockerfile cmd internal migrations views docs
+// The Docker build context leaves out the Dockerfile and compose file
+// (.dockerignore), so the tree embedded is what every build has.
+//
+//go:embed go.mod Makefile cmd internal migrations views docs
 var tree embed.FS
 
 // Source is the repository as it was built, rooted at the repository's root.
