@@ -82,9 +82,10 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 	return l
 }
 
-// serve opens the database, migrates, seeds, starts the HTTP server and the
-// background loops, and on cancellation stops them in reverse order: stop
-// accepting and finish in-flight requests, stop loops, close the pool.
+// serve is `web serve`: the app, its background loops and (unless pointed
+// elsewhere) the fake external systems, in one process. Each step below is a
+// function of its own; shutdown runs them backwards: stop accepting and finish
+// in-flight requests, stop the loops, close the clients, the fakes and the pool.
 func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
 	pool, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
@@ -97,49 +98,22 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	if err != nil {
 		return err
 	}
-
-	secret := []byte(cfg.SessionSecret)
-	if len(secret) == 0 {
-		secret = make([]byte, 32)
-		rand.Read(secret)
-		logger.Warn("SESSION_SECRET is unset: sessions end when this process stops and are not shared between replicas")
-	}
 	if cfg.InstanceID == "" {
-		host, _ := os.Hostname()
-		cfg.InstanceID = host
+		cfg.InstanceID, _ = os.Hostname()
 	}
-
-	// The fake external systems: in this process unless PROVIDER_URL /
-	// PAYMENTS_URL point elsewhere, each on its own listener and pool.
-	providerURL, stopProvider, err := inProcess(ctx, cfg, cfg.providerSpec(), logger)
+	ext, err := startExternals(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer stopProvider()
-	paymentsURL, stopPayments, err := inProcess(ctx, cfg, cfg.paymentsSpec(), logger)
+	defer ext.close()
+	crashes, err := armCrashes(cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer stopPayments()
-	providerClient := provider.NewHTTPClient(providerURL, cfg.ProviderTimeout)
-	defer providerClient.CloseIdleConnections()
-	providerControl := fake.NewControlWithToken(providerURL, cfg.FakeControlToken)
-	defer providerControl.CloseIdleConnections()
-	paymentsClient := payments.NewHTTPClient(paymentsURL, cfg.PaymentsTimeout)
-	defer paymentsClient.CloseIdleConnections()
-	paymentsControl := paymentsfake.NewControl(paymentsURL, cfg.FakeControlToken)
-	defer paymentsControl.CloseIdleConnections()
 
-	// Crash points: the process dies there on purpose (CRASH_AT at start,
-	// PUT /api/v1/admin/crash at run time).
-	crashes := crash.New(slices.Concat(policies.CrashPoints, events.CrashPoints), logger)
-	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
-		return fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
-	}
 	registry := prometheus.NewRegistry()
 	idem := idempotency.NewStore(pool, cfg.IdempotencyLease, cfg.IdempotencyTTL)
-	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
-	wf, err := newWorkflows(ctx, cfg, pool, providerClient, paymentsClient, crashes, logger, registry)
+	wf, err := newWorkflows(ctx, cfg, pool, ext.provider, ext.payments, crashes, logger, registry)
 	if err != nil {
 		return err
 	}
@@ -147,14 +121,58 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// The labs: their own schema, pool, fake systems and Redis keys.
 	labRuns, err := labs.New(pool, labs.Config{
 		RedisURL: cfg.RedisURL, RedisServer: cfg.RedisServer, Logger: logger.With("component", "labs"),
-		Timeouts: &labs.TimeoutsDeps{Canceller: wf.canceller, Provider: providerControl, ProviderTimeout: cfg.ProviderTimeout},
+		Timeouts: &labs.TimeoutsDeps{Canceller: wf.canceller, Provider: ext.providerControl, ProviderTimeout: cfg.ProviderTimeout},
 	})
 	if err != nil {
 		return err
 	}
 	defer labRuns.Close()
 
-	app := web.New(web.Config{
+	app := web.New(webConfig(cfg), web.Deps{
+		Logger:          logger,
+		Accounts:        accounts,
+		Secret:          sessionSecret(cfg, logger),
+		Pool:            pool,
+		Migrator:        migrator,
+		Registry:        registry,
+		Idempotency:     idem,
+		Canceller:       wf.canceller,
+		Engine:          wf.engine,
+		Recovery:        wf.recovery,
+		Crash:           crashes,
+		Provider:        ext.provider,
+		ProviderControl: ext.providerControl,
+		Payments:        ext.payments,
+		PaymentsControl: ext.paymentsControl,
+		Events:          events.NewStore(pool),
+		Injector:        eventsRun.injector,
+		Labs:            labRuns,
+	})
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+	}
+	banner(stdout, ln.Addr(), ext.providerURL, ext.paymentsURL, accounts)
+
+	var bg background
+	defer bg.stop()
+	// Completed keys are replayed for IDEMPOTENCY_TTL, then purged.
+	bg.start(idempotency.NewJanitor(idem, idempotency.JanitorConfig{Logger: logger}).Run)
+	// Operations a timeout or a crash left IN_PROGRESS are finished here,
+	// by whichever instance claims them first.
+	bg.start(wf.recovery.Run)
+	// Events: the relay and one instance of each consumer, on
+	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
+	if cfg.Events.Workers {
+		bg.start(eventsRun.Run)
+	}
+	return serveHTTP(ctx, ln, app.Handler(), cfg.ShutdownGrace, logger)
+}
+
+// webConfig is the part of the configuration the HTTP layer reads.
+func webConfig(cfg config) web.Config {
+	return web.Config{
 		InstanceID:      cfg.InstanceID,
 		BodyLimit:       cfg.BodyLimit,
 		TrustedProxies:  cfg.TrustedProxies,
@@ -165,58 +183,107 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		ProviderTimeout: cfg.ProviderTimeout,
 		PaymentsTimeout: cfg.PaymentsTimeout,
 		EventsWindow:    cfg.Events.DuplicateWindow,
-	}, web.Deps{
-		Logger:          logger,
-		Accounts:        accounts,
-		Secret:          secret,
-		Pool:            pool,
-		Migrator:        migrator,
-		Registry:        registry,
-		Idempotency:     idem,
-		Canceller:       wf.canceller,
-		Engine:          wf.engine,
-		Recovery:        wf.recovery,
-		Crash:           crashes,
-		Provider:        providerClient,
-		ProviderControl: providerControl,
-		Payments:        paymentsClient,
-		PaymentsControl: paymentsControl,
-		Events:          events.NewStore(pool),
-		Injector:        eventsRun.injector,
-		Labs:            labRuns,
-	})
-
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
+}
+
+// sessionSecret signs the session and CSRF cookies. Without SESSION_SECRET
+// a random one is made, so sessions end when the process does.
+func sessionSecret(cfg config, logger *slog.Logger) []byte {
+	if cfg.SessionSecret != "" {
+		return []byte(cfg.SessionSecret)
+	}
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	logger.Warn("SESSION_SECRET is unset: sessions end when this process stops and are not shared between replicas")
+	return secret
+}
+
+// externals are the clients of the two external systems and the fakes'
+// control APIs. The fakes run in this process, each on its own listener and
+// pool, unless PROVIDER_URL / PAYMENTS_URL point elsewhere; either way the
+// app reaches them over HTTP only.
+type externals struct {
+	providerURL, paymentsURL string
+	provider                 *provider.HTTPClient
+	providerControl          *fake.Control
+	payments                 *payments.HTTPClient
+	paymentsControl          *paymentsfake.Control
+	stops                    []func()
+}
+
+func startExternals(ctx context.Context, cfg config, logger *slog.Logger) (*externals, error) {
+	ext := &externals{}
+	var err error
+	var stop func()
+	if ext.providerURL, stop, err = inProcess(ctx, cfg, cfg.providerSpec(), logger); err != nil {
+		return nil, err
+	}
+	ext.stops = append(ext.stops, stop)
+	if ext.paymentsURL, stop, err = inProcess(ctx, cfg, cfg.paymentsSpec(), logger); err != nil {
+		ext.close()
+		return nil, err
+	}
+	ext.stops = append(ext.stops, stop)
+	ext.provider = provider.NewHTTPClient(ext.providerURL, cfg.ProviderTimeout)
+	ext.providerControl = fake.NewControlWithToken(ext.providerURL, cfg.FakeControlToken)
+	ext.payments = payments.NewHTTPClient(ext.paymentsURL, cfg.PaymentsTimeout)
+	ext.paymentsControl = paymentsfake.NewControl(ext.paymentsURL, cfg.FakeControlToken)
+	ext.stops = append(ext.stops,
+		ext.provider.CloseIdleConnections, ext.providerControl.CloseIdleConnections,
+		ext.payments.CloseIdleConnections, ext.paymentsControl.CloseIdleConnections)
+	return ext, nil
+}
+
+// close releases what startExternals opened, last opened first.
+func (ext *externals) close() {
+	for i := len(ext.stops) - 1; i >= 0; i-- {
+		ext.stops[i]()
+	}
+}
+
+// armCrashes makes the crash switch: the process dies at a named point on
+// purpose (CRASH_AT at start, PUT /api/v1/admin/crash at run time).
+func armCrashes(cfg config, logger *slog.Logger) (*crash.Switch, error) {
+	crashes := crash.New(slices.Concat(policies.CrashPoints, events.CrashPoints), logger)
+	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
+		return nil, fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
+	}
+	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
+	return crashes, nil
+}
+
+// background runs the loops that live as long as the server. They get a
+// context of their own, cancelled only after the HTTP server has finished
+// its in-flight requests (which may still hand work to them).
+type background struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (bg *background) start(loop func(context.Context)) {
+	if bg.ctx == nil {
+		bg.ctx, bg.cancel = context.WithCancel(context.Background())
+	}
+	bg.wg.Add(1)
+	go func() { defer bg.wg.Done(); loop(bg.ctx) }()
+}
+
+func (bg *background) stop() {
+	if bg.cancel != nil {
+		bg.cancel()
+	}
+	bg.wg.Wait()
+}
+
+// serveHTTP serves until ctx ends, then stops accepting and gives in-flight
+// requests up to grace to finish.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, logger *slog.Logger) error {
 	srv := &http.Server{
-		Handler:           app.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	banner(stdout, ln.Addr(), providerURL, paymentsURL, accounts)
-
-	// Background loops share loopCtx; cancelling it and waiting on loops is
-	// the second step of shutdown.
-	loopCtx, stopLoops := context.WithCancel(context.Background())
-	var loops sync.WaitGroup
-	defer func() { stopLoops(); loops.Wait() }()
-	startLoop := func(run func(context.Context)) {
-		loops.Add(1)
-		go func() { defer loops.Done(); run(loopCtx) }()
-	}
-	// Completed keys are replayed for IDEMPOTENCY_TTL, then purged.
-	startLoop(idempotency.NewJanitor(idem, idempotency.JanitorConfig{Logger: logger}).Run)
-	// Operations a timeout or a crash left IN_PROGRESS are finished here,
-	// by whichever instance claims them first.
-	startLoop(wf.recovery.Run)
-	// Events: the relay (NATS) and one instance of each consumer, on
-	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
-	if cfg.Events.Workers {
-		startLoop(eventsRun.Run)
-	}
-
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Info("serving", "addr", ln.Addr().String())
@@ -226,8 +293,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: finishing in-flight requests", "grace", cfg.ShutdownGrace)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	logger.Info("shutting down: finishing in-flight requests", "grace", grace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		logger.Error("shutdown", "err", err)
