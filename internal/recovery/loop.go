@@ -24,6 +24,9 @@ type Loop struct {
 
 	mu       sync.Mutex
 	inFlight int // recoveries started and not finished
+	// freed is signalled when a recovery finishes: its place is free, and
+	// a loop that filled every place claims again then, not a tick later.
+	freed chan struct{}
 }
 
 // New returns a loop claiming through claimer, configured by cfg (from
@@ -41,6 +44,7 @@ func New(claimer Claimer, cfg Config) *Loop {
 		claimer:    claimer,
 		recoverers: map[string]Recoverer{},
 		metrics:    newLoopMetrics(cfg.Registerer),
+		freed:      make(chan struct{}, 1),
 	}
 }
 
@@ -63,12 +67,15 @@ func (l *Loop) Bound() time.Duration {
 // Actor is how this loop signs its timeline events.
 func (l *Loop) Actor() string { return "recovery on " + l.cfg.Instance }
 
-// Run makes a pass every Interval until ctx ends — at once again after a
-// pass that filled every free place, so a backlog drains at the speed of
-// the work, not of the ticker. A failed pass is logged and the next one
-// tries again. When ctx ends, Run waits for the recoveries in flight to
-// stop (their context is ctx): abandoning one mid-way is safe, it was
-// fenced and its lease will lapse.
+// Run makes a pass every Interval until ctx ends. After a pass that
+// filled every free place (a backlog is probably waiting) the next pass
+// comes as soon as a recovery finishes and frees a place, not at the next
+// tick: a backlog drains at the speed of the work, not of the ticker (a
+// loop whose places were all taken used to wait a whole Interval, which
+// capped a drain at BatchSize operations a second per loop). A failed
+// pass is logged and the next one tries again. When ctx ends, Run waits
+// for the recoveries in flight to stop (their context is ctx): abandoning
+// one mid-way is safe, it was fenced and its lease will lapse.
 func (l *Loop) Run(ctx context.Context) {
 	l.cfg.Logger.Info("recovery loop started", "strategy", l.cfg.Strategy, "interval", l.cfg.Interval,
 		"batch", l.cfg.BatchSize, "budget", fmt.Sprintf("%+v", l.cfg.Budget()))
@@ -93,13 +100,17 @@ func (l *Loop) Run(ctx context.Context) {
 					"errors", c.Errors, "polls", c.Polls)
 			}()
 		}
-		if err == nil && p.limit > 0 && len(p.claims) == p.limit {
-			continue // every free place filled: more are probably waiting, so claim again now
+		// Every free place filled (or none was free): more are probably
+		// waiting, so claim again once a place frees up.
+		var freed <-chan struct{}
+		if err == nil && len(p.claims) == max(p.limit, 0) {
+			freed = l.freed
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-freed:
 		}
 	}
 }
@@ -174,6 +185,10 @@ func (l *Loop) pass(ctx context.Context) (*passRun, error) {
 			l.mu.Lock()
 			l.inFlight--
 			l.mu.Unlock()
+			select {
+			case l.freed <- struct{}{}:
+			default: // a wake-up is pending already
+			}
 			p.count(l, c, res, err, ctx)
 		}()
 	}
