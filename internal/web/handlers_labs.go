@@ -200,18 +200,27 @@ func (app *App) handleRunLabForm(c echo.Context) error {
 
 // runLab is the one call both run handlers make.
 func (app *App) runLab(c echo.Context, answer answerer[labs.Run]) error {
-	name := c.Param("name")
-	if _, ok := labs.Find(name); !ok {
-		return labs.ErrUnknownLab
-	}
-	if app.labs == nil {
-		return labs.ErrUnavailable
+	name, err := app.runnableLab(c)
+	if err != nil {
+		return err
 	}
 	u, _ := userFrom(c)
 	return respond(c, answer, func(hooks workflow.Hooks[labs.Run]) error {
 		_, err := app.labs.Run(c.Request().Context(), labs.RunRequest{Lab: name, UserID: u.ID}, hooks)
 		return err
 	})
+}
+
+// runnableLab is the :name of the path, known and with the labs running here.
+func (app *App) runnableLab(c echo.Context) (string, error) {
+	name := c.Param("name")
+	if _, ok := labs.Find(name); !ok {
+		return "", labs.ErrUnknownLab
+	}
+	if app.labs == nil {
+		return "", labs.ErrUnavailable
+	}
+	return name, nil
 }
 
 func labRunPath(r labs.Run) string { return fmt.Sprintf("/labs/%s/runs/%d", r.Lab, r.ID) }
@@ -232,12 +241,9 @@ type labOperationJSON struct {
 
 // handleListLabRunsAPI: GET /api/v1/labs/:name/runs — the caller's newest runs.
 func (app *App) handleListLabRunsAPI(c echo.Context) error {
-	name := c.Param("name")
-	if _, ok := labs.Find(name); !ok {
-		return labs.ErrUnknownLab
-	}
-	if app.labs == nil {
-		return labs.ErrUnavailable
+	name, err := app.runnableLab(c)
+	if err != nil {
+		return err
 	}
 	u, _ := userFrom(c)
 	runs, err := app.labs.Latest(c.Request().Context(), name, u.ID, labsRecent)
