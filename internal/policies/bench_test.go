@@ -22,7 +22,8 @@ import (
 // provider_cancel SENT; the provider's outcome with mark_cancelled,
 // publish_event and refund SENT; the refund's outcome with audit. Both
 // systems are in-process clients that confirm at once. Each iteration
-// cancels a fresh policy.
+// cancels a fresh policy. It reports the round trips to PostgreSQL per
+// cancellation as well (TestACancellationsRoundTrips says which).
 //
 //	go test -run '^$' -bench CancelTransactions ./internal/policies/
 func BenchmarkCancelTransactions(b *testing.B) {
@@ -41,7 +42,8 @@ func BenchmarkCancelTransactions(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := policies.NewCanceller(workflow.NewEngine(db.Pool, workflow.Config{}), confirmAtOnce{}, refundAtOnce{})
+	var rt testdb.RoundTrips
+	c := policies.NewCanceller(workflow.NewEngine(db.TracedPool(b, &rt), workflow.Config{}), confirmAtOnce{}, refundAtOnce{})
 	i := 0
 	for b.Loop() {
 		if i == len(list) {
@@ -55,6 +57,7 @@ func BenchmarkCancelTransactions(b *testing.B) {
 			b.Fatalf("cancel: %+v %v", op, err)
 		}
 	}
+	b.ReportMetric(float64(len(rt.Take()))/float64(i), "roundtrips/op")
 }
 
 // confirmAtOnce and refundAtOnce are a provider and a payments service

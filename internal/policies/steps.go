@@ -3,6 +3,7 @@ package policies
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,39 +50,40 @@ func (p providerCancel) Status(ctx context.Context, key string) (external.Truth,
 }
 
 // markCancelled is mark_cancelled: the policy is CANCELLED, in the
-// transaction that records the provider's confirmation.
+// transaction that records the provider's confirmation. The same statement
+// returns what cancelling it refunds, remembered for publish_event and the
+// refund's request, which follow in this transaction (workflow.Remember).
 func markCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
-	tag, err := tx.Exec(ctx, `
+	var r refund
+	err := tx.QueryRow(ctx, `
 		UPDATE policies
 		   SET status = 'CANCELLED',
 		       updated_at = now()
 		 WHERE id = $1
-		   AND status = 'ACTIVE' -- only the cancellation's own step cancels a policy, once`, op.PolicyID)
+		   AND status = 'ACTIVE' -- only the cancellation's own step cancels a policy, once
+		RETURNING `+refundColumns, op.PolicyID).Scan(&r.number, &r.cents, &r.amount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("policies: policy %d is not ACTIVE", op.PolicyID)
+	}
 	if err != nil {
 		return "", fmt.Errorf("policies: mark policy cancelled: %w", err)
 	}
-	if tag.RowsAffected() != 1 {
-		return "", fmt.Errorf("policies: policy %d is not ACTIVE", op.PolicyID)
-	}
+	workflow.Remember(ctx, tx, owedKey(op.PolicyID), r)
 	return fmt.Sprintf("policy %d CANCELLED", op.PolicyID), nil
 }
 
-// sqlRefundOwed is what cancelling the policy today refunds: the premium of
-// the days not used, prorated to the day, in cents (rounded half up) and as
-// the decimal text the event carries. Before the coverage starts that is
-// the whole premium; after it ends, nothing. The day is the database's
-// (UTC), and now() is the transaction's, so every step of one transaction
-// computes the same amount.
-const sqlRefundOwed = `
-SELECT number,
-       cents,
-       (cents / 100.0)::numeric(12, 2)::text
-  FROM (SELECT p.number,
-               round(p.premium * 100
-                     * greatest(0, p.coverage_end - greatest((now() AT TIME ZONE 'UTC')::date, p.coverage_start))
-                     / (p.coverage_end - p.coverage_start))::bigint AS cents
-          FROM policies p
-         WHERE p.id = $1) owed`
+// refundCents is what cancelling the policy today refunds: the premium of
+// the days not used, prorated to the day, in cents (rounded half up).
+// Before the coverage starts that is the whole premium; after it ends,
+// nothing. The day is the database's (UTC), and now() is the
+// transaction's, so every step of one transaction computes the same amount.
+const refundCents = `round(premium * 100
+       * greatest(0, coverage_end - greatest((now() AT TIME ZONE 'UTC')::date, coverage_start))
+       / (coverage_end - coverage_start))::bigint`
+
+// refundColumns are a policy's number and what it refunds, in cents and as
+// the decimal text the event carries.
+const refundColumns = `number, ` + refundCents + `, (` + refundCents + ` / 100.0)::numeric(12, 2)::text`
 
 // refund is what a cancellation owes back.
 type refund struct {
@@ -90,10 +92,17 @@ type refund struct {
 	amount string // the same, as decimal text: "120.00"
 }
 
-// refundOwed returns what cancelling policyID today refunds.
+// owedKey names a policy's refund in a transaction's memo.
+type owedKey int64
+
+// refundOwed returns what cancelling policyID today refunds: as
+// mark_cancelled read it, in the same transaction, or read now.
 func refundOwed(ctx context.Context, tx pgx.Tx, policyID int64) (refund, error) {
+	if r, ok := workflow.Recall[refund](ctx, tx, owedKey(policyID)); ok {
+		return r, nil
+	}
 	var r refund
-	if err := tx.QueryRow(ctx, sqlRefundOwed, policyID).Scan(&r.number, &r.cents, &r.amount); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT `+refundColumns+` FROM policies WHERE id = $1`, policyID).Scan(&r.number, &r.cents, &r.amount); err != nil {
 		return refund{}, fmt.Errorf("policies: refund owed on %d: %w", policyID, err)
 	}
 	return r, nil

@@ -191,6 +191,8 @@ type runner struct {
 	asked []asked
 	// events are the timeline lines noted in the transaction under way.
 	events []event
+	// memo is what the steps of the transaction under way remembered (memo.go).
+	memo *memo
 }
 
 func (e *Engine) runner(def *Definition, op Operation, actor string) *runner {

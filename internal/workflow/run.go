@@ -97,7 +97,7 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 			if err := r.writeStep(ctx, tx, i, sqlStepDone); err != nil {
 				return nil, err
 			}
-			detail, err := st.Do(ctx, tx, r.op)
+			detail, err := st.Do(r.stepCtx(ctx, tx), tx, r.op)
 			if err != nil {
 				return nil, fmt.Errorf("workflow: step %s: %w", rec.Name, err)
 			}
@@ -131,7 +131,7 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	rec := r.record(i)
 	request := rec.Request
 	if request == nil {
-		req, err := st.Call.Request(ctx, tx, r.op)
+		req, err := st.Call.Request(r.stepCtx(ctx, tx), tx, r.op)
 		var skip *skipped
 		if errors.As(err, &skip) {
 			answer, _ := json.Marshal(map[string]string{"skipped": skip.why})
@@ -145,15 +145,11 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 		}
 	}
 	deadline := st.Call.Deadline()
-	if err := r.writeStep(ctx, tx, i, sqlStepSent, deadline, request, r.e.cfg.Lease.Seconds()); err != nil {
+	var callID int64
+	if err := r.writeStepScan(ctx, tx, i, sqlStepSent, []any{&callID}, deadline, request, r.e.cfg.Lease.Seconds(), r.actor); err != nil {
 		return nil, "", err
 	}
 	rec = r.record(i)
-	var callID int64
-	err := tx.QueryRow(ctx, sqlInsertCall, r.op.ID, rec.Key, *rec.System, r.actor, r.token, rec.Attempts, deadline, request).Scan(&callID)
-	if err != nil {
-		return nil, "", fmt.Errorf("workflow: record call: %w", err)
-	}
 	detail := fmt.Sprintf("%s sent to %s: key %s, attempt %d, deadline %s", rec.Name, *rec.System, rec.Key, rec.Attempts,
 		deadline.UTC().Format("15:04:05.000"))
 	if err := r.event(ctx, tx, r.op.Status, rec.Name, detail, sqlStepSent); err != nil {
@@ -161,11 +157,6 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	}
 	return &pending{index: i, step: st, callID: callID, deadline: deadline, request: request}, "", nil
 }
-
-const sqlInsertCall = `
-INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-VALUES ($1, $2, 'call', $3, $4, $5::uuid, $6, $7, $8)
-RETURNING id`
 
 // answer is what one call came back with, as the caller measured it — or
 // what a status query settled (why set, no call answered).
@@ -231,16 +222,16 @@ func (r *runner) recordAnswer(ctx context.Context, tx pgx.Tx, p *pending, got an
 	rec := r.record(p.index)
 	res := got.res
 	why := got.why
+	// The call's answer row, written by the step's own write (one statement);
+	// none when a status query settled the outcome (no call answered).
+	var call *callAnswer
 	if p.callID != 0 {
 		why = describeOutcome(*rec.System, res)
-		if _, err := tx.Exec(ctx, sqlInsertAnswer, r.op.ID, rec.Key, p.callID, *rec.System, r.actor, r.token,
-			res.Outcome.String(), nullTruth(res.Truth), why, got.took.Milliseconds()); err != nil {
-			return nil, fmt.Errorf("workflow: record answer: %w", err)
-		}
+		call = &callAnswer{id: p.callID, res: res, why: why, took: got.took}
 	}
 	switch res.Outcome {
 	case external.Confirmed:
-		if err := r.finishStep(ctx, tx, p.index, StepDone, external.TruthCompleted, answerJSON(res), why); err != nil {
+		if err := r.finishStep(ctx, tx, p.index, StepDone, external.TruthCompleted, answerJSON(res), why, call); err != nil {
 			return nil, err
 		}
 		if r.branch != "" {
@@ -248,26 +239,41 @@ func (r *runner) recordAnswer(ctx context.Context, tx pgx.Tx, p *pending, got an
 		}
 		return r.advance(ctx, tx, true)
 	case external.Rejected:
-		if err := r.finishStep(ctx, tx, p.index, StepFailed, external.TruthRejected, answerJSON(res), why); err != nil {
+		if err := r.finishStep(ctx, tx, p.index, StepFailed, external.TruthRejected, answerJSON(res), why, call); err != nil {
 			return nil, err
 		}
 		return nil, r.refuse(ctx, tx, p.index, why)
 	default:
-		if err := r.finishStep(ctx, tx, p.index, StepUnknown, res.Truth, answerJSON(res), why); err != nil {
+		if err := r.finishStep(ctx, tx, p.index, StepUnknown, res.Truth, answerJSON(res), why, call); err != nil {
 			return nil, err
 		}
 		return nil, onUnknown(ctx, tx, why)
 	}
 }
 
-const sqlInsertAnswer = `
-INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-VALUES ($1, $2, 'answer', $3, $4, $5, $6::uuid, $7, $8, $9, $10)`
+// callAnswer is the answer row of one call in operation_calls.
+type callAnswer struct {
+	id   int64 // the call's row
+	res  external.Result
+	why  string
+	took time.Duration
+}
 
 // finishStep records what is now known of external step i: DONE or FAILED
-// (finished) or UNKNOWN, the system's truth, the answer.
-func (r *runner) finishStep(ctx context.Context, tx pgx.Tx, i int, state string, truth external.Truth, answer json.RawMessage, why string) error {
-	if err := r.writeStep(ctx, tx, i, sqlStepAnswered, state, nullTruth(truth), answer); err != nil {
+// (finished) or UNKNOWN, the system's truth, the answer — and, when call is
+// set, the call's answer row in the same statement.
+func (r *runner) finishStep(ctx context.Context, tx pgx.Tx, i int, state string, truth external.Truth, answer json.RawMessage, why string, call *callAnswer) error {
+	var (
+		callID             *int64
+		outcome, callTruth *string
+		took               *int64
+	)
+	if call != nil {
+		callID, outcome, callTruth = &call.id, ptr(call.res.Outcome.String()), nullTruth(call.res.Truth)
+		took = ptr(call.took.Milliseconds())
+	}
+	if err := r.writeStep(ctx, tx, i, sqlStepAnswered, state, nullTruth(truth), answer,
+		callID, r.actor, outcome, callTruth, why, took); err != nil {
 		return err
 	}
 	rec := r.record(i)
@@ -287,7 +293,7 @@ func (r *runner) refuse(ctx context.Context, tx pgx.Tx, i int, why string) error
 		if prev.Undo == nil {
 			continue
 		}
-		detail, err := prev.Undo(ctx, tx, r.op)
+		detail, err := prev.Undo(r.stepCtx(ctx, tx), tx, r.op)
 		if err != nil {
 			return fmt.Errorf("workflow: undo %s: %w", prev.Name, err)
 		}
@@ -345,7 +351,10 @@ UPDATE operation_steps s
    AND s.state = 'PENDING'
 RETURNING ` + stepColumns
 
-// SENT also renews the owner's lease, to cover the call it is about to make.
+// SENT also renews the owner's lease, to cover the call it is about to
+// make, and records the call in operation_calls — one statement, one round
+// trip: the call's row exists exactly when the step was written SENT. $8 is
+// the actor.
 const sqlStepSent = `
 WITH owner AS (
     UPDATE operations
@@ -355,34 +364,57 @@ WITH owner AS (
        AND owner_token = $2 -- the fence
        AND status IN ('IN_PROGRESS', 'RECOVERING')
     RETURNING id
+),
+sent AS (
+    UPDATE operation_steps s
+       SET state = 'SENT',
+           attempts = s.attempts + 1,
+           deadline_at = greatest(s.deadline_at, $5), -- the latest deadline of any attempt: see the deadline rule
+           sent_at = now(),
+           request = coalesce(s.request, $6), -- computed once; every retry sends it verbatim
+           updated_at = now()
+      FROM owner
+     WHERE s.operation_id = owner.id
+       AND s.run = $3
+       AND s.name = $4
+       AND s.state IN ('PENDING', 'SENT', 'UNKNOWN') -- never a step whose outcome is known
+    RETURNING s.*
+),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+    SELECT operation_id, step_key, 'call', system, $8, $2, attempts, $5, $6
+      FROM sent -- nothing when the fence refused the step
+    RETURNING id
 )
-UPDATE operation_steps s
-   SET state = 'SENT',
-       attempts = s.attempts + 1,
-       deadline_at = greatest(s.deadline_at, $5), -- the latest deadline of any attempt: see the deadline rule
-       sent_at = now(),
-       request = coalesce(s.request, $6), -- computed once; every retry sends it verbatim
-       updated_at = now()
-  FROM owner
- WHERE s.operation_id = owner.id
-   AND s.run = $3
-   AND s.name = $4
-   AND s.state IN ('PENDING', 'SENT', 'UNKNOWN') -- never a step whose outcome is known
-RETURNING ` + stepColumns
+SELECT ` + stepColumns + `, recorded.id
+  FROM sent, recorded`
 
-const sqlStepAnswered = ownerCTE + `
-UPDATE operation_steps s
-   SET state = $5,
-       truth = coalesce($6, s.truth),
-       answer = $7,
-       finished_at = CASE WHEN $5 IN ('DONE', 'FAILED') THEN now() END,
-       updated_at = now()
-  FROM owner
- WHERE s.operation_id = owner.id
-   AND s.run = $3
-   AND s.name = $4
-   AND s.state IN ('SENT', 'UNKNOWN') -- an answer is for a step in flight
-RETURNING ` + stepColumns
+// An answer is for a step in flight. The call's answer row ($8 the call,
+// then actor, outcome, truth, detail, took_ms) is written by the same
+// statement when a call was answered ($8 set), only if the step was.
+const sqlStepAnswered = ownerCTE + `,
+answered AS (
+    UPDATE operation_steps s
+       SET state = $5,
+           truth = coalesce($6, s.truth),
+           answer = $7,
+           finished_at = CASE WHEN $5 IN ('DONE', 'FAILED') THEN now() END,
+           updated_at = now()
+      FROM owner
+     WHERE s.operation_id = owner.id
+       AND s.run = $3
+       AND s.name = $4
+       AND s.state IN ('SENT', 'UNKNOWN') -- an answer is for a step in flight
+    RETURNING s.*
+),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+    SELECT operation_id, step_key, 'answer', $8, system, $9, $2, $10, $11, $12, $13
+      FROM answered
+     WHERE $8::bigint IS NOT NULL -- a status query settled it: no call to answer
+)
+SELECT ` + stepColumns + `
+  FROM answered`
 
 // sqlStepTruth notes what a status query said, while the outcome stays unknown.
 const sqlStepTruth = ownerCTE + `
@@ -400,8 +432,15 @@ RETURNING ` + stepColumns
 // operation, token, run and name) and keeps the step as written. Zero rows
 // is ErrLeaseLost when the fence refused it.
 func (r *runner) writeStep(ctx context.Context, tx pgx.Tx, i int, sql string, args ...any) error {
+	return r.writeStepScan(ctx, tx, i, sql, nil, args...)
+}
+
+// writeStepScan is writeStep for a write that returns more than the step:
+// those columns, after the step's, go to extra.
+func (r *runner) writeStepScan(ctx context.Context, tx pgx.Tx, i int, sql string, extra []any, args ...any) error {
 	rec := r.record(i)
-	got, err := scanStep(tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token, r.op.Run, rec.Name}, args...)...))
+	var got StepRecord
+	err := tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token, r.op.Run, rec.Name}, args...)...).Scan(append(stepDest(&got), extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r.whyNoRows(ctx, tx, fmt.Sprintf("step %s is %s", rec.Name, rec.State))
 	}
