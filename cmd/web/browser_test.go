@@ -67,7 +67,7 @@ func TestBrowserSlotsGrid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 7*8*3 {
+	if n != 7*8*4 { // three resources and the recording studio (deposit)
 		t.Errorf("grid shows %d slots", n)
 	}
 	browsertest.Screenshot(ctx, t, "slots")

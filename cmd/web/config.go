@@ -58,6 +58,10 @@ type config struct {
 	PaymentsTimeout    time.Duration // PAYMENTS_TIMEOUT: how long one payments call may take
 	PaymentsFaultMode  string        // PAYMENTS_FAULT_MODE: the global fault mode set at start
 	PaymentsIdempotent string        // PAYMENTS_IDEMPOTENT: true|false, set at start
+	// DepositHold is how long a deposit booking's hold is meant to last
+	// (DEPOSIT_HOLD, 10m): past it, a hold whose charge is known never made
+	// expires; one whose charge is unknown stays (docs/saga.md).
+	DepositHold time.Duration
 
 	// The Redis lab's Redis (REDIS_URL) and the redis-server binary it
 	// starts privately to restart one without persistence (REDIS_SERVER).
@@ -166,6 +170,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.PaymentsTimeout, err = durationEnv(getenv, "PAYMENTS_TIMEOUT", 2*time.Second); err != nil {
+		return c, err
+	}
+	if c.DepositHold, err = durationEnv(getenv, "DEPOSIT_HOLD", slots.DefaultHold); err != nil {
 		return c, err
 	}
 	if c.IdempotencyLease, err = durationEnv(getenv, "IDEMPOTENCY_LEASE", 30*time.Second); err != nil {

@@ -125,7 +125,7 @@ func TestListsPaginateWithCursor(t *testing.T) {
 		Status string `json:"status"`
 	}]
 	s.do(request{Method: "GET", Path: "/api/v1/slots?status=AVAILABLE&limit=1000", Token: "demo-alice"}).JSON(t, &slotsPage)
-	if len(slotsPage.Items) != 7*8*len(demo.Resources) || slotsPage.NextCursor != nil {
+	if len(slotsPage.Items) != 7*8*(len(demo.Resources)+1) || slotsPage.NextCursor != nil {
 		t.Errorf("slots: %d items, next %v", len(slotsPage.Items), slotsPage.NextCursor)
 	}
 

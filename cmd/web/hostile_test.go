@@ -132,6 +132,7 @@ var hostileRoutes = map[string]routeSpec{
 	"GET /slots":                          {access: signedIn},
 	"POST /slots/:id/book":                {access: signedIn, param: aFreeSlot, keyed: true},
 	"POST /bookings/:id/cancel":           {access: signedIn, param: aliceBooking, keyed: true},
+	"GET /bookings/:id":                   {access: signedIn, param: aliceBooking},
 	"GET /provider":                       {access: signedIn},
 	"GET /payments":                       {access: signedIn},
 	"GET /labs":                           {access: signedIn},

@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -25,6 +26,7 @@ import (
 type workflows struct {
 	engine    *workflow.Engine
 	canceller *policies.Canceller
+	deposits  *slots.Deposits
 	recovery  *recovery.Loop
 }
 
@@ -44,7 +46,8 @@ func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provide
 	engine := workflow.NewEngine(pool, workflow.Config{
 		Lease: cfg.Recovery.Lease, Crash: crashes, Registerer: reg, Logger: logger.With("component", "workflow"),
 	})
-	w := &workflows{engine: engine, canceller: policies.NewCanceller(engine, p, pay)}
+	w := &workflows{engine: engine, canceller: policies.NewCanceller(engine, p, pay),
+		deposits: slots.NewDeposits(engine, pay, cfg.DepositHold)}
 	rc := cfg.Recovery
 	rc.Instance, rc.Logger, rc.Registerer = cfg.InstanceID, logger.With("component", "recovery"), reg
 	w.recovery = recovery.New(engine, rc)

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/web"
 )
 
@@ -137,6 +137,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Registry:        registry,
 		Idempotency:     idem,
 		Canceller:       wf.canceller,
+		Deposits:        wf.deposits,
 		Engine:          wf.engine,
 		Recovery:        wf.recovery,
 		Crash:           crashes,
@@ -244,7 +245,7 @@ func (ext *externals) close() {
 // armCrashes makes the crash switch: the process dies at a named point on
 // purpose (CRASH_AT at start, PUT /api/v1/admin/crash at run time).
 func armCrashes(cfg config, logger *slog.Logger) (*crash.Switch, error) {
-	crashes := crash.New(slices.Concat(policies.CrashPoints, events.CrashPoints), logger)
+	crashes := crash.New(slots.UniquePoints(policies.CrashPoints, slots.DepositCrashPoints, events.CrashPoints), logger)
 	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
 		return nil, fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
 	}

@@ -65,6 +65,14 @@ func ParseTokens(spec string) ([]Account, error) {
 // Resources are the things slots book.
 var Resources = []string{"Consulting room 1", "Consulting room 2", "Video call"}
 
+// DepositResource is the resource whose slots need a deposit, charged at the
+// payments service before the booking is confirmed (the deposit saga,
+// internal/slots/deposit.go), and DepositCents that deposit.
+const (
+	DepositResource = "Recording studio"
+	DepositCents    = 2500
+)
+
 // PoliciesPerCustomer is how many policies each demo customer owns.
 const PoliciesPerCustomer = 5
 
@@ -92,7 +100,10 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, accounts []Account, today tim
 				return err
 			}
 		}
-		return seedSlots(ctx, tx, today)
+		if err := seedSlots(ctx, tx, today); err != nil {
+			return err
+		}
+		return seedDepositSlots(ctx, tx, today)
 	})
 }
 
@@ -139,6 +150,28 @@ func seedSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
 		Resources, day)
 	if err != nil {
 		return fmt.Errorf("demo: seed slots: %w", err)
+	}
+	return nil
+}
+
+// seedDepositSlots adds the deposit resource's week of slots when it has
+// none yet (a database seeded before the deposit saga gets them too).
+func seedDepositSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
+	day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+	_, err := tx.Exec(ctx, `
+		INSERT INTO slots (resource, starts_at, ends_at, deposit_cents)
+		SELECT $1,
+		       $2::timestamptz + make_interval(days => d, hours => h),
+		       $2::timestamptz + make_interval(days => d, hours => h + 1),
+		       $3
+		  FROM generate_series(0, 6) AS d,
+		       generate_series(9, 16) AS h
+		 WHERE NOT EXISTS (SELECT 1 FROM slots WHERE resource = $1) -- seeded once
+		 ORDER BY d, h
+		ON CONFLICT (resource, starts_at) DO NOTHING -- replicas seeding at once insert once`,
+		DepositResource, day, DepositCents)
+	if err != nil {
+		return fmt.Errorf("demo: seed deposit slots: %w", err)
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ func TestSeedIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if nUsers != 4 || nPolicies != 3*demo.PoliciesPerCustomer || nSlots != 7*8*len(demo.Resources) {
+	if nUsers != 4 || nPolicies != 3*demo.PoliciesPerCustomer || nSlots != 7*8*(len(demo.Resources)+1) {
 		t.Fatalf("after two seeds: %d users, %d policies, %d slots", nUsers, nPolicies, nSlots)
 	}
 	u, err := users.NewStore(db.Pool).ByToken(ctx, "demo-alice")

@@ -22,6 +22,10 @@ type Dataset struct {
 	Users           int `json:"users"`
 	PoliciesPerUser int `json:"policies_per_user"`
 	Slots           int `json:"slots"`
+	// DepositSlots are slots of DepositResource, each needing a deposit
+	// (the deposit saga); 0 by default, so a reset for a load test of
+	// plain bookings has none.
+	DepositSlots int `json:"deposit_slots"`
 }
 
 // Limits keep a reset to seconds on a laptop.
@@ -56,6 +60,8 @@ func (d Dataset) Validate() error {
 		return &DatasetError{"policies_per_user", 1, MaxPoliciesPerUser}
 	case d.Slots < 1 || d.Slots > MaxSlots:
 		return &DatasetError{"slots", 1, MaxSlots}
+	case d.DepositSlots < 0 || d.DepositSlots > MaxSlots:
+		return &DatasetError{"deposit_slots", 0, MaxSlots}
 	}
 	return nil
 }
@@ -144,6 +150,16 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 			  FROM generate_series(0, $3 - 1) AS i
 			 ORDER BY i`, Resources, day, d.Slots); err != nil {
 			return fmt.Errorf("demo: reset slots: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO slots (resource, starts_at, ends_at, deposit_cents)
+			SELECT $1,
+			       $2::timestamptz + make_interval(hours => 9 + i),
+			       $2::timestamptz + make_interval(hours => 10 + i),
+			       $4
+			  FROM generate_series(0, $3 - 1) AS i
+			 ORDER BY i`, DepositResource, day, d.DepositSlots, DepositCents); err != nil {
+			return fmt.Errorf("demo: reset deposit slots: %w", err)
 		}
 		return nil
 	})

@@ -23,6 +23,11 @@ const (
 	TypePolicyCancelled  = "policy.cancelled"
 	TypeBookingConfirmed = "booking.confirmed"
 	TypeBookingReleased  = "booking.released"
+	// The deposit saga's hold (internal/slots/deposit.go): a slot held for
+	// a booking while its deposit is charged, and the hold released when
+	// the deposit was refused. Consumers that do not know them ignore them.
+	TypeBookingHeld         = "booking.held"
+	TypeBookingHoldReleased = "booking.hold_released"
 )
 
 // Transports an event can travel on (EVENTS_TRANSPORT).
@@ -100,6 +105,16 @@ func NewPolicyCancelled(p PolicyCancelled) Event {
 // NewBookingConfirmed returns the booking.confirmed event for b.
 func NewBookingConfirmed(b BookingChanged) Event {
 	return Event{Type: TypeBookingConfirmed, Key: fmt.Sprintf("booking:%d", b.BookingID), Payload: b}
+}
+
+// NewBookingHeld returns the booking.held event for b.
+func NewBookingHeld(b BookingChanged) Event {
+	return Event{Type: TypeBookingHeld, Key: fmt.Sprintf("booking:%d", b.BookingID), Payload: b}
+}
+
+// NewBookingHoldReleased returns the booking.hold_released event for b.
+func NewBookingHoldReleased(b BookingChanged) Event {
+	return Event{Type: TypeBookingHoldReleased, Key: fmt.Sprintf("booking:%d", b.BookingID), Payload: b}
 }
 
 // NewBookingReleased returns the booking.released event for b.

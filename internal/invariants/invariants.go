@@ -20,6 +20,12 @@
 //     service reports COMPLETED; every cancelled policy has its refund DONE
 //     or its operation still waiting (for recovery or for a person); and a
 //     SUCCEEDED operation has every step of its run DONE.
+//  8. The deposit saga: no slot HELD or BOOKED without a pending or
+//     confirmed deposit where its resource needs one; a charge DONE is one
+//     the payments service reports COMPLETED; at most one charge and one
+//     refund per booking; no refund without its charge; no hold released
+//     while its charge is not known not to exist; every FAILED deposit
+//     booking left its slot free.
 //  10. Steps are never done out of order: no step is DONE while an earlier
 //     step of the same run is not, or finished before it.
 //
@@ -191,6 +197,68 @@ var checks = []check{
 		  JOIN operation_steps s ON s.operation_id = o.id AND s.run = o.run
 		 WHERE o.status = 'SUCCEEDED'
 		   AND s.state <> 'DONE'`, ""},
+	// The deposit saga (internal/slots/deposit.go, docs/saga.md). A
+	// booking's deposit is its BOOK_DEPOSIT operation's charge_deposit step
+	// of the current run: DONE is a confirmed deposit, PENDING/SENT/UNKNOWN
+	// a pending one.
+	{8, "a slot needing a deposit HELD without a pending deposit, or BOOKED without a confirmed one", `
+		SELECT s.id
+		  FROM slots s
+		  LEFT JOIN operations o ON o.booking_id = s.booking_id AND o.operation_type = 'BOOK_DEPOSIT'
+		  LEFT JOIN operation_steps c ON c.operation_id = o.id AND c.run = o.run AND c.name = 'charge_deposit'
+		 WHERE s.deposit_cents IS NOT NULL
+		   AND s.status IN ('HELD', 'BOOKED')
+		   AND NOT coalesce(CASE s.status
+		                        WHEN 'BOOKED' THEN c.state = 'DONE'
+		                        ELSE c.state IN ('PENDING', 'SENT', 'UNKNOWN')
+		                    END, false)`, ""},
+	{8, "a charge_deposit DONE that the payments service does not report COMPLETED", `
+		SELECT s.operation_id
+		  FROM operation_steps s
+		  LEFT JOIN fake_payments.charges c ON c.idempotency_key = s.step_key
+		 WHERE s.name = 'charge_deposit'
+		   AND s.state = 'DONE'
+		   AND (c.idempotency_key IS NULL
+		        OR fault.truth(c.outcome, c.completes_at, now()) <> 'COMPLETED')`, ""},
+	{8, "more than one charge (or refund) for a booking in the payments ledger", `
+		SELECT booking_id
+		  FROM fake_payments.ledger
+		 WHERE booking_id IS NOT NULL
+		 GROUP BY booking_id, kind
+		HAVING count(*) > 1`, ""},
+	{8, "a refund of a booking's deposit without its charge", `
+		SELECT r.booking_id
+		  FROM fake_payments.ledger r
+		 WHERE r.kind = 'refund'
+		   AND r.booking_id IS NOT NULL
+		   AND NOT EXISTS (SELECT 1
+		                     FROM fake_payments.ledger c
+		                    WHERE c.kind = 'charge'
+		                      AND c.idempotency_key = r.charge_key)`, ""},
+	// Released while the charge is unknown: a PENDING booking that no
+	// longer holds its slot, or a FAILED one whose charge is not known
+	// refused or never made — or was made after all.
+	{8, "a deposit booking's hold released while its charge was not known not to exist", `
+		SELECT b.id
+		  FROM bookings b
+		  LEFT JOIN slots s ON s.id = b.slot_id AND s.booking_id = b.id AND s.status = 'HELD'
+		 WHERE b.status = 'PENDING'
+		   AND s.id IS NULL
+		UNION ALL
+		SELECT b.id
+		  FROM bookings b
+		  JOIN operations o ON o.booking_id = b.id AND o.operation_type = 'BOOK_DEPOSIT'
+		  JOIN operation_steps c ON c.operation_id = o.id AND c.run = o.run AND c.name = 'charge_deposit'
+		  LEFT JOIN fake_payments.charges ch ON ch.idempotency_key = c.step_key
+		 WHERE b.status = 'FAILED'
+		   AND (c.state <> 'FAILED'
+		        OR c.truth NOT IN ('REJECTED', 'NOT_STARTED')
+		        OR ch.outcome = 'ACCEPTED')`, ""},
+	{8, "a FAILED deposit booking that did not leave its slot free", `
+		SELECT b.id
+		  FROM bookings b
+		  JOIN slots s ON s.booking_id = b.id
+		 WHERE b.status = 'FAILED'`, ""},
 	// One pass over the steps in key order, each beside the one before it:
 	// a DONE step right after one not DONE, or finished before it, is out
 	// of order (and any disorder shows as such a pair).

@@ -44,6 +44,7 @@ func TestEveryBrokenInvariantIsReported(t *testing.T) {
 			UPDATE slots SET status = 'BOOKED' WHERE id = 1`},
 		{3, "two confirmed bookings for one slot", `
 			DROP INDEX bookings_one_confirmed_per_slot;
+			DROP INDEX bookings_one_live_per_slot;
 			INSERT INTO bookings (slot_id, user_id) VALUES (1, 1), (1, 2)`},
 		{4, "a cancelled policy without an operation", `
 			UPDATE policies SET status = 'CANCELLED' WHERE id = 1`},
@@ -72,6 +73,18 @@ func TestEveryBrokenInvariantIsReported(t *testing.T) {
 			UPDATE policies SET status = 'CANCELLED' WHERE id = 4;
 			INSERT INTO fake_provider.requests (idempotency_key, policy_id, outcome, completes_at)
 			SELECT step_key, 4, 'ACCEPTED', now() - interval '1 second' FROM operation_steps WHERE name = 'provider_cancel'`},
+		{8, "a deposit slot booked without its deposit", `
+			INSERT INTO bookings (id, slot_id, user_id, deposit_cents)
+			SELECT 900, id, 1, deposit_cents FROM slots WHERE deposit_cents IS NOT NULL ORDER BY id LIMIT 1;
+			UPDATE slots SET status = 'BOOKED', booking_id = 900 WHERE id = (SELECT slot_id FROM bookings WHERE id = 900)`},
+		{8, "two charges for one booking", depositBooking("CONFIRMED", "BOOKED", "DONE", "ACCEPTED") + `
+			INSERT INTO fake_payments.ledger (kind, idempotency_key, booking_id, amount_cents, applied_at)
+			VALUES ('charge', 'k1', 900, 2500, now()), ('charge', 'k2', 900, 2500, now())`},
+		{8, "a refund without a charge", `
+			INSERT INTO fake_payments.ledger (kind, idempotency_key, booking_id, charge_key, amount_cents, applied_at)
+			VALUES ('refund', 'r', 900, 'no-such-charge', 2500, now())`},
+		{8, "a hold released while its charge is unknown", depositBooking("FAILED", "AVAILABLE", "UNKNOWN", "ACCEPTED")},
+		{8, "a failed deposit booking still holding its slot", depositBooking("FAILED", "HELD", "FAILED", "REJECTED")},
 		{10, "a step done before an earlier one", operation(4, "IN_PROGRESS", "now() + interval '1 hour'",
 			"DONE", "PENDING", "PENDING", "PENDING", "PENDING", "DONE")},
 		{10, "a step finished before the one before it", cancelled(4) + `
@@ -122,6 +135,30 @@ func operation(policyID int, status, lease string, states ...string) string {
 		       (VALUES (1, 'record_intent', NULL, '%s'), (2, 'provider_cancel', 'provider', '%s'), (3, 'mark_cancelled', NULL, '%s'),
 		               (4, 'publish_event', NULL, '%s'), (5, 'refund', 'payments', '%s'), (6, 'audit', NULL, '%s')) AS s(position, name, system, state)
 		 WHERE o.policy_id = %d;`, status, lease, policyID, states[0], states[1], states[2], states[3], states[4], states[5], policyID)
+}
+
+// depositBooking is SQL for a deposit booking (id 900) of the first deposit
+// slot, the booking and the slot in the states given, its BOOK_DEPOSIT
+// operation's charge step in chargeState and the payments service's charge
+// record with outcome, behind the application's back.
+func depositBooking(booking, slot, chargeState, outcome string) string {
+	truth := map[string]string{"ACCEPTED": "COMPLETED", "REJECTED": "REJECTED"}[outcome]
+	return fmt.Sprintf(`
+		INSERT INTO bookings (id, slot_id, user_id, status, deposit_cents)
+		SELECT 900, id, 1, '%[1]s', deposit_cents FROM slots WHERE deposit_cents IS NOT NULL ORDER BY id LIMIT 1;
+		UPDATE slots SET status = '%[2]s',
+		       booking_id = CASE WHEN '%[2]s' = 'AVAILABLE' THEN NULL ELSE 900 END,
+		       held_until = CASE WHEN '%[2]s' = 'HELD' THEN now() END
+		 WHERE id = (SELECT slot_id FROM bookings WHERE id = 900);
+		INSERT INTO operations (booking_id, operation_type, user_id, idempotency_key, status)
+		VALUES (900, 'BOOK_DEPOSIT', 1, 'k', 'FAILED');
+		INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, deadline_at, sent_at, request, finished_at, truth)
+		SELECT id, 1, 2, 'charge_deposit', id || ':charge_deposit', 'payments', '%[3]s', now(), now(), '{}',
+		       CASE WHEN '%[3]s' IN ('DONE', 'FAILED') THEN now() END, '%[5]s'
+		  FROM operations WHERE booking_id = 900;
+		INSERT INTO fake_payments.charges (idempotency_key, booking_id, amount_cents, outcome, reject_reason, completes_at)
+		SELECT step_key, 900, 2500, '%[4]s', CASE WHEN '%[4]s' = 'REJECTED' THEN 'declined' END, now() - interval '1 second'
+		  FROM operation_steps WHERE name = 'charge_deposit';`, booking, slot, chargeState, outcome, truth)
 }
 
 // cancelled is SQL for a cancellation of policyID done right: every step

@@ -295,7 +295,7 @@ func freshSlot(ctx context.Context, db database.DBTX) (int64, error) {
 // again (a booked one shows what a loser sees).
 func (l *RaceLab) RecentLabSlots(ctx context.Context, limit int) ([]slots.Slot, error) {
 	rows, err := l.pool.Query(ctx, `
-		SELECT id, resource, starts_at, ends_at, status, booking_id
+		SELECT id, resource, starts_at, ends_at, status, booking_id, deposit_cents, held_until
 		  FROM race_lab.slots
 		 ORDER BY starts_at DESC
 		 LIMIT $1`, limit)

@@ -10,18 +10,25 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // Booking statuses.
 const (
+	BookingPending   = "PENDING" // a deposit booking holding its slot while the deposit is charged
 	BookingConfirmed = "CONFIRMED"
 	BookingCancelled = "CANCELLED"
+	BookingFailed    = "FAILED" // its deposit was refused (or known never charged); the hold was released
 )
 
 var (
 	// ErrSlotTaken: someone else holds the slot. It is an outcome, not a
 	// fault: the API answers 409 slot-taken and stores it like any outcome.
 	ErrSlotTaken = errors.New("slots: the slot is already booked")
+	// ErrSlotHeld: a deposit booking holds the slot while its deposit is
+	// charged. Returned as a *SlotHeldError saying until when; distinct
+	// from ErrSlotTaken, since the slot may come free again.
+	ErrSlotHeld = errors.New("slots: the slot is held for another booking while its deposit is charged")
 	// ErrBookingNotFound is returned for an unknown booking and for another
 	// customer's booking alike.
 	ErrBookingNotFound = errors.New("slots: booking not found")
@@ -30,6 +37,28 @@ var (
 	// ErrUnknownStrategy names a strategy that does not exist.
 	ErrUnknownStrategy = errors.New("slots: unknown booking strategy")
 )
+
+// SlotHeldError is ErrSlotHeld with the hold's intended end.
+type SlotHeldError struct {
+	SlotID int64
+	Until  time.Time
+}
+
+func (e *SlotHeldError) Error() string {
+	return fmt.Sprintf("slots: slot %d is held for another booking while its deposit is charged, until %s at the latest "+
+		"unless the charge's outcome is still unknown then", e.SlotID, e.Until.UTC().Format(time.RFC3339))
+}
+
+func (e *SlotHeldError) Unwrap() error { return ErrSlotHeld }
+
+// errDepositRequired: the slot is free but needs a deposit, so a plain
+// booking does not take it; Booker hands the request to the deposit saga.
+// It is never an answer.
+var errDepositRequired = errors.New("slots: the slot needs a deposit")
+
+// errDepositRefund: the booking was paid with a deposit, so releasing it is
+// the reverse saga (refund, then release). Never an answer.
+var errDepositRefund = errors.New("slots: the booking's deposit is refunded first")
 
 // Booking is one user's hold on one slot.
 type Booking struct {
@@ -43,6 +72,11 @@ type Booking struct {
 	// pages name the slot without another query).
 	Resource string    `json:"resource"`
 	StartsAt time.Time `json:"starts_at"`
+	// DepositCents is the deposit the booking owes (nil: none needed).
+	DepositCents *int64 `json:"deposit_cents,omitempty"`
+	// Operation is the deposit saga's operation when the answer is about
+	// one (booking or cancelling a deposit booking); not a column.
+	Operation *workflow.Operation `json:"operation,omitempty" db:"-"`
 }
 
 // bookingColumns are a booking's columns in Booking's order, for RETURNING
@@ -50,11 +84,12 @@ type Booking struct {
 // subqueries on its primary key, in the same statement.
 const bookingColumns = `id, slot_id, user_id, status, created_at, cancelled_at,
 		       (SELECT resource FROM slots WHERE slots.id = bookings.slot_id),
-		       (SELECT starts_at FROM slots WHERE slots.id = bookings.slot_id)`
+		       (SELECT starts_at FROM slots WHERE slots.id = bookings.slot_id),
+		       deposit_cents`
 
 func scanBooking(row pgx.Row) (Booking, error) {
 	var b Booking
-	err := row.Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt, &b.Resource, &b.StartsAt)
+	err := row.Scan(&b.ID, &b.SlotID, &b.UserID, &b.Status, &b.CreatedAt, &b.CancelledAt, &b.Resource, &b.StartsAt, &b.DepositCents)
 	return b, err
 }
 
@@ -167,7 +202,8 @@ func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace)
 		   SET status = 'BOOKED',
 		       booking_id = nextval(pg_get_serial_sequence('bookings', 'id'))
 		 WHERE id = $1
-		   AND status = 'AVAILABLE' -- 0 rows: someone else took it (or no such slot)
+		   AND status = 'AVAILABLE' -- 0 rows: someone else took it (or no such slot) …
+		   AND deposit_cents IS NULL -- … or it needs a deposit: the deposit saga books it
 		RETURNING booking_id`, slotID).Scan(&bookingID)
 	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -184,12 +220,12 @@ func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace)
 // the SELECT until the holder commits, then see BOOKED.
 func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.Duration, tr *Trace) (int64, error) {
 	start := time.Now()
-	var status string
+	var st slotState
 	err := tx.QueryRow(ctx, `
-		SELECT status
+		SELECT status, held_until, deposit_cents IS NOT NULL
 		  FROM slots
 		 WHERE id = $1
-		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&status)
+		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
 	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNotFound
@@ -197,8 +233,8 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 	if err != nil {
 		return 0, fmt.Errorf("slots: book: lock slot: %w", err)
 	}
-	if status != StatusAvailable {
-		return 0, ErrSlotTaken
+	if err := st.refusal(slotID); err != nil {
+		return 0, err
 	}
 	if err := think(ctx, tx, pause); err != nil { // others queue on our lock meanwhile
 		return 0, err
@@ -221,19 +257,19 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 // the classic race. Two racers can both read AVAILABLE; the unique index on
 // confirmed bookings is then all that stops the second.
 func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause time.Duration, tr *Trace) (Booking, Trace, error) {
-	var status string
+	var st slotState
 	err := tx.QueryRow(ctx, `
-		SELECT status
+		SELECT status, held_until, deposit_cents IS NOT NULL
 		  FROM slots
-		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&status)
+		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Booking{}, *tr, ErrNotFound
 	}
 	if err != nil {
 		return Booking{}, *tr, fmt.Errorf("slots: book: read slot: %w", err)
 	}
-	if status != StatusAvailable {
-		return Booking{}, *tr, ErrSlotTaken
+	if err := st.refusal(slotID); err != nil {
+		return Booking{}, *tr, err
 	}
 	if err := think(ctx, tx, pause); err != nil { // others read AVAILABLE meanwhile
 		return Booking{}, *tr, err
@@ -292,17 +328,62 @@ func insertBooking(ctx context.Context, tx pgx.Tx, bookingID, slotID, userID int
 	return b, nil
 }
 
-// takenOrMissing tells a slot that exists but is booked from no slot at all,
-// after a conditional UPDATE matched nothing.
-func takenOrMissing(ctx context.Context, db database.DBTX, slotID int64) error {
-	var exists bool
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM slots WHERE id = $1)`, slotID).Scan(&exists); err != nil {
-		return fmt.Errorf("slots: book: %w", err)
+// slotState is what a booking attempt that could not take a slot reads of it.
+type slotState struct {
+	status    string
+	heldUntil *time.Time
+	deposit   bool
+}
+
+// refusal says why a plain booking cannot take the slot now (nil: it can).
+// A slot that needs a deposit, in any state, is the deposit saga's to
+// answer for: the request may be the very one that holds it, come back.
+func (st slotState) refusal(slotID int64) error {
+	switch {
+	case st.deposit:
+		return errDepositRequired
+	case st.status != StatusAvailable:
+		return ErrSlotTaken
 	}
-	if !exists {
-		return ErrNotFound
+	return nil
+}
+
+// holdRefusal says why the deposit saga's hold could not take the slot.
+func (st slotState) holdRefusal(slotID int64) error {
+	if st.status == StatusHeld {
+		return &SlotHeldError{SlotID: slotID, Until: *st.heldUntil}
 	}
+	// BOOKED — or free again already (released since the UPDATE looked):
+	// losing that race is the same answer as any other.
 	return ErrSlotTaken
+}
+
+// takenOrMissing tells why a conditional UPDATE matched nothing: no such
+// slot, booked, or needing a deposit.
+func takenOrMissing(ctx context.Context, db database.DBTX, slotID int64) error {
+	st, err := readSlotState(ctx, db, slotID)
+	if err != nil {
+		return err
+	}
+	if err := st.refusal(slotID); err != nil {
+		return err
+	}
+	return ErrSlotTaken // free again already: someone released it since; a retry may win it
+}
+
+func readSlotState(ctx context.Context, db database.DBTX, slotID int64) (slotState, error) {
+	var st slotState
+	err := db.QueryRow(ctx, `
+		SELECT status, held_until, deposit_cents IS NOT NULL
+		  FROM slots
+		 WHERE id = $1`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, ErrNotFound
+	}
+	if err != nil {
+		return st, fmt.Errorf("slots: book: %w", err)
+	}
+	return st, nil
 }
 
 // Release cancels a confirmed booking and frees its slot, in tx. Only the
@@ -315,7 +396,8 @@ func (s *Store) Release(ctx context.Context, tx pgx.Tx, bookingID, userID int64,
 		       cancelled_at = now()
 		 WHERE id = $1
 		   AND (user_id = $2 OR $3) -- owner or admin
-		   AND status = 'CONFIRMED' -- 0 rows: released already, or not yours
+		   AND status = 'CONFIRMED' -- 0 rows: released already, or not yours …
+		   AND deposit_cents IS NULL -- … or paid with a deposit: the reverse saga releases it
 		RETURNING `+bookingColumns, bookingID, userID, asAdmin))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Booking{}, s.whyNotReleasable(ctx, tx, bookingID, userID, asAdmin)
@@ -337,16 +419,20 @@ func (s *Store) Release(ctx context.Context, tx pgx.Tx, bookingID, userID int64,
 
 func (s *Store) whyNotReleasable(ctx context.Context, tx pgx.Tx, bookingID, userID int64, asAdmin bool) error {
 	var status string
+	var deposit bool
 	err := tx.QueryRow(ctx, `
-		SELECT status
+		SELECT status, deposit_cents IS NOT NULL
 		  FROM bookings
 		 WHERE id = $1
-		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin).Scan(&status)
+		   AND (user_id = $2 OR $3)`, bookingID, userID, asAdmin).Scan(&status, &deposit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrBookingNotFound
 	}
 	if err != nil {
 		return fmt.Errorf("slots: release: %w", err)
+	}
+	if status == BookingConfirmed && deposit {
+		return errDepositRefund
 	}
 	return ErrBookingNotConfirmed
 }

@@ -16,6 +16,7 @@ import (
 // Slot statuses.
 const (
 	StatusAvailable = "AVAILABLE"
+	StatusHeld      = "HELD" // a deposit booking holds it while its deposit is charged
 	StatusBooked    = "BOOKED"
 )
 
@@ -31,7 +32,17 @@ type Slot struct {
 	EndsAt    time.Time `json:"ends_at"`
 	Status    string    `json:"status"`
 	BookingID *int64    `json:"booking_id"`
+	// DepositCents is the deposit booking it needs (nil: none): the deposit
+	// saga books it (deposit.go).
+	DepositCents *int64 `json:"deposit_cents"`
+	// HeldUntil is set exactly when the slot is HELD: until when its hold
+	// is meant to last. Past it, the hold still stands while its charge is
+	// unknown — it is released only when the charge is known not to exist.
+	HeldUntil *time.Time `json:"held_until"`
 }
+
+// slotColumns are a slot's columns in Slot's order.
+const slotColumns = `id, resource, starts_at, ends_at, status, booking_id, deposit_cents, held_until`
 
 // Store reads and writes slots and bookings.
 type Store struct {
@@ -51,7 +62,7 @@ type ListFilter struct {
 // List returns slots in id order (the seed creates them in time order).
 func (s *Store) List(ctx context.Context, f ListFilter) ([]Slot, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, resource, starts_at, ends_at, status, booking_id
+		SELECT `+slotColumns+`
 		  FROM slots
 		 WHERE ($1 = '' OR status = $1)
 		   AND id > $2
@@ -70,7 +81,7 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]Slot, error) {
 // Get returns slot id, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (Slot, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT id, resource, starts_at, ends_at, status, booking_id
+		SELECT `+slotColumns+`
 		  FROM slots
 		 WHERE id = $1`, id)
 	if err != nil {

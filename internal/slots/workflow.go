@@ -30,6 +30,8 @@ type Booker struct {
 	pool     *pgxpool.Pool
 	store    *Store
 	strategy Strategy
+	// deposits books the slots that need a deposit (nil: such a booking fails).
+	deposits *Deposits
 }
 
 // NewBooker returns a Booker that books with strategy (BOOKING_STRATEGY).
@@ -37,21 +39,41 @@ func NewBooker(pool *pgxpool.Pool, strategy Strategy) *Booker {
 	return &Booker{pool: pool, store: NewStore(pool), strategy: strategy}
 }
 
+// WithDeposits makes b hand slots that need a deposit, and bookings paid
+// with one, to the deposit saga. It returns b.
+func (b *Booker) WithDeposits(d *Deposits) *Booker {
+	b.deposits = d
+	return b
+}
+
 // BookSlot is one user's request for one slot.
 type BookSlot struct {
 	SlotID int64
 	UserID int64
+	// RequestKey and Actor are kept on a deposit booking's operation: the
+	// key that asked for it, and who, for the timeline.
+	RequestKey string
+	Actor      string
 }
 
 // Book gives the slot to the user. It returns the booking; or a refusal —
 // ErrSlotTaken, ErrNotFound, marked with workflow.Refused — that was passed
 // to hooks.Finish and committed with the claim; or a failure, after which
 // nothing was committed.
+//
+// A slot that needs a deposit is not booked here: the conditional UPDATE
+// leaves it alone, the transaction rolls back (nothing was written, the key
+// not claimed), and the deposit saga runs instead (Deposits.Book) — one
+// wasted round trip for those slots only.
 func (b *Booker) Book(ctx context.Context, req BookSlot, hooks workflow.Hooks[Booking]) (Booking, error) {
-	return b.run(ctx, hooks, confirmed, func(tx pgx.Tx) (Booking, error) {
+	bk, err := b.run(ctx, hooks, confirmed, func(tx pgx.Tx) (Booking, error) {
 		bk, _, err := b.store.Book(ctx, tx, BookRequest{Strategy: b.strategy, SlotID: req.SlotID, UserID: req.UserID})
 		return bk, err
 	})
+	if errors.Is(err, errDepositRequired) && b.deposits != nil {
+		return b.deposits.Book(ctx, req, req.RequestKey, hooks)
+	}
+	return bk, err
 }
 
 // ReleaseBooking is a request to release a booking: by its owner, or by an
@@ -60,15 +82,26 @@ type ReleaseBooking struct {
 	BookingID int64
 	UserID    int64
 	AsAdmin   bool
+	// RequestKey and Actor: as for BookSlot.
+	RequestKey string
+	Actor      string
 }
 
 // Release cancels the booking and frees its slot. It returns the booking,
 // or a refusal — ErrBookingNotFound, ErrBookingNotConfirmed — committed with
 // the claim, or a failure.
+//
+// A booking paid with a deposit is released by the reverse saga
+// (Deposits.Cancel: refund, then release), the same way Book hands over.
 func (b *Booker) Release(ctx context.Context, req ReleaseBooking, hooks workflow.Hooks[Booking]) (Booking, error) {
-	return b.run(ctx, hooks, released, func(tx pgx.Tx) (Booking, error) {
+	bk, err := b.run(ctx, hooks, released, func(tx pgx.Tx) (Booking, error) {
 		return b.store.Release(ctx, tx, req.BookingID, req.UserID, req.AsAdmin)
 	})
+	if errors.Is(err, errDepositRefund) && b.deposits != nil {
+		return b.deposits.Cancel(ctx, CancelBooking{BookingID: req.BookingID, UserID: req.UserID, AsAdmin: req.AsAdmin,
+			RequestKey: req.RequestKey, Actor: req.Actor}, hooks)
+	}
+	return bk, err
 }
 
 // run is the one transaction of every booking workflow: the change and the
@@ -116,6 +149,6 @@ func changed(b Booking, at time.Time) events.BookingChanged {
 // isRefusal reports the business "no"s of booking and release: answers, not
 // failures, stored and replayed like a success.
 func isRefusal(err error) bool {
-	return errors.Is(err, ErrSlotTaken) || errors.Is(err, ErrNotFound) ||
+	return errors.Is(err, ErrSlotTaken) || errors.Is(err, ErrSlotHeld) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCancelUnderWay) ||
 		errors.Is(err, ErrBookingNotFound) || errors.Is(err, ErrBookingNotConfirmed)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -42,6 +43,10 @@ var errorTable = []struct {
 	{errProviderUnreachable, http.StatusBadGateway, "provider-unreachable", "Provider unreachable"},
 	{errPaymentsUnreachable, http.StatusBadGateway, "payments-unreachable", "Payments unreachable"},
 	{slots.ErrSlotTaken, http.StatusConflict, "slot-taken", "The slot is already booked"},
+	{slots.ErrSlotHeld, http.StatusConflict, "slot-held", "The slot is held while another booking's deposit is charged"},
+	{slots.ErrDepositDeclined, http.StatusPaymentRequired, "deposit-declined", "The deposit was declined"},
+	{slots.ErrRefundRefused, http.StatusConflict, "refund-refused", "The deposit's refund was refused"},
+	{slots.ErrCancelUnderWay, http.StatusConflict, "cancellation-under-way", "The booking's cancellation is under way"},
 	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
 	{labs.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
@@ -98,6 +103,15 @@ func publicDetail(err error) string {
 // enrich adds the members some errors carry, so a client can act on the
 // answer without parsing the detail.
 func enrich(p *problem.Problem, err error) *problem.Problem {
+	var held *slots.SlotHeldError
+	if errors.As(err, &held) {
+		p.With("slot_id", held.SlotID).With("held_until", held.Until.UTC().Format(time.RFC3339Nano))
+	}
+	var under *slots.CancelUnderWayError
+	if errors.As(err, &under) {
+		p.With("operation_id", under.OperationID).With("operation_status", under.Status).
+			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", under.OperationID))
+	}
 	var dup *policies.DuplicateIntentError
 	if errors.As(err, &dup) {
 		p.With("operation_id", dup.OperationID).With("operation_status", dup.Status).

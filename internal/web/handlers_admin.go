@@ -35,13 +35,22 @@ func (app *App) handlePutCrash(c echo.Context) error {
 }
 
 // handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
-// "slots": S} — wipe and reseed a repeatable data set, and reset the
+// "slots": S, "deposit_slots": D} — wipe and reseed a repeatable data set, and reset the
 // fakes (provider and payments). Demo mode only (routes.go). The same reset twice leaves the
 // same state, so it takes no Idempotency-Key.
 func (app *App) handleReset(c echo.Context) error {
-	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: 7 * 8 * len(demo.Resources)}
+	defaultSlots, unset := 7*8*len(demo.Resources), -1
+	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: defaultSlots, DepositSlots: unset}
 	if err := decodeOptionalJSON(c, &d); err != nil {
 		return err
+	}
+	if d.DepositSlots == unset {
+		// The demo's week of deposit slots comes with the demo's slots; a
+		// dataset sized for a load test has none unless it asks.
+		d.DepositSlots = 0
+		if d.Slots == defaultSlots {
+			d.DepositSlots = 7 * 8
+		}
 	}
 	ctx := c.Request().Context()
 	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))

@@ -115,7 +115,11 @@ func (app *App) handleOperationPage(c echo.Context) error {
 	if c.QueryParam("notice") == "duplicate-intent" {
 		vm.Notice = "This policy already had a cancellation under way (from an earlier click or another tab), so no second one was started. This is it."
 	}
-	return render(c, http.StatusOK, views.OperationPage(app.page(c, "Cancellation", "policies"), vm))
+	title, nav := "Cancellation", "policies"
+	if vm.BookingID != 0 {
+		title, nav = vm.Kind, "slots"
+	}
+	return render(c, http.StatusOK, views.OperationPage(app.page(c, title, nav), vm))
 }
 
 // handleOperationPanel: GET /operations/:id/panel — the htmx partial.
@@ -137,12 +141,22 @@ func (app *App) operationPanel(c echo.Context) (views.OperationDetail, error) {
 }
 
 func (app *App) operationDetail(ctx context.Context, v operationView) (views.OperationDetail, error) {
-	pol, err := app.policies.Get(ctx, v.UserID, v.PolicyID)
-	if err != nil {
-		return views.OperationDetail{}, err
+	kind, subject := "Cancellation", ""
+	if v.BookingID != 0 { // the deposit saga: its subject is a booking
+		bk, err := app.slots.GetBooking(ctx, v.BookingID, v.UserID, true)
+		if err != nil {
+			return views.OperationDetail{}, err
+		}
+		kind, subject = sagaKind(v.Type), fmt.Sprintf("booking #%d (%s, %s)", bk.ID, bk.Resource, bk.StartsAt.UTC().Format("Mon 2 Jan 15:04"))
+	} else {
+		pol, err := app.policies.Get(ctx, v.UserID, v.PolicyID)
+		if err != nil {
+			return views.OperationDetail{}, err
+		}
+		subject = pol.Number
 	}
 	vm := views.OperationDetail{
-		ID: v.ID, Kind: "Cancellation", PolicyID: v.PolicyID, PolicyNumber: pol.Number, Status: v.Status, Terminal: v.Terminal(),
+		ID: v.ID, Kind: kind, PolicyID: v.PolicyID, BookingID: v.BookingID, PolicyNumber: subject, Status: v.Status, Terminal: v.Terminal(),
 		Reason: v.Reason, Run: v.Run, Attempts: v.Attempts,
 		Owner: deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
 		Released: releasedText(deref(v.Released)), LastError: deref(v.LastError),

@@ -22,8 +22,8 @@ func (app *App) handleListSlots(c echo.Context) error {
 		return err
 	}
 	status := c.QueryParam("status")
-	if status != "" && status != slots.StatusAvailable && status != slots.StatusBooked {
-		return invalidParam("status", "status must be AVAILABLE or BOOKED")
+	if status != "" && status != slots.StatusAvailable && status != slots.StatusHeld && status != slots.StatusBooked {
+		return invalidParam("status", "status must be AVAILABLE, HELD or BOOKED")
 	}
 	rows, err := app.slots.List(c.Request().Context(), slots.ListFilter{Status: status, AfterID: lp.AfterID, Limit: lp.Limit + 1})
 	if err != nil {
@@ -54,8 +54,12 @@ func (app *App) handleSlotsPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	mineBySlot := make(map[int64]int64, len(mine)) // slot id → booking id
-	for _, b := range mine {
+	holding, err := app.slots.ListBookings(ctx, slots.BookingFilter{UserID: u.ID, Status: slots.BookingPending, Limit: maxLimit})
+	if err != nil {
+		return err
+	}
+	mineBySlot := make(map[int64]int64, len(mine)+len(holding)) // slot id → booking id
+	for _, b := range append(mine, holding...) {
 		mineBySlot[b.SlotID] = b.ID
 	}
 	p := app.page(c, "Slots", "slots")
@@ -100,7 +104,13 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []view
 			hours = append(hours, h)
 		}
 		cell := &views.SlotCell{ID: s.ID, Status: s.Status, Name: slotName(s)}
+		if s.DepositCents != nil {
+			cell.Deposit = fmt.Sprintf("%d.%02d", *s.DepositCents/100, *s.DepositCents%100)
+		}
 		switch bookingID, yours := mineBySlot[s.ID]; {
+		case s.Status == slots.StatusHeld:
+			cell.HeldUntil = s.HeldUntil.UTC().Format("15:04")
+			cell.Mine, cell.BookingID = yours, bookingID // no form: a hold is the saga's until it ends
 		case s.Status == slots.StatusAvailable:
 			cell.FormKey = newFormKey()
 		case yours:
@@ -126,8 +136,12 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []view
 }
 
 // handleBookSlot: POST /api/v1/slots/:id/book (Idempotency-Key).
-// 201 booking + Location · 409 slot-taken · 404 unknown slot. The body is
-// optional and has no fields: the strategy is the server's (BOOKING_STRATEGY).
+// 201 booking + Location · 409 slot-taken · 409 slot-held (a deposit
+// booking holds it; held_until says until when) · 404 unknown slot. A slot
+// that needs a deposit answers too: 202 booking PENDING (the deposit's
+// charge unknown: recovery finds out) · 402 deposit-declined (the hold was
+// released). The body is optional and has no fields: the strategy is the
+// server's (BOOKING_STRATEGY).
 func (app *App) handleBookSlot(c echo.Context) error {
 	var in struct{}
 	if err := decodeOptionalJSON(c, &in); err != nil {
@@ -137,10 +151,37 @@ func (app *App) handleBookSlot(c echo.Context) error {
 		if refusal != nil {
 			return problemAnswer(c, refusal)
 		}
-		resp, err := idempotency.JSONResponse(http.StatusCreated, b)
-		resp.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
-		return resp, err
+		return bookingAnswer(c, b, http.StatusCreated)
 	})
+}
+
+// bookingAnswer is the API's answer with a booking: done (status), still
+// waiting for the payments service (202), or its deposit saga failed.
+func bookingAnswer(c echo.Context, b slots.Booking, done int) (idempotency.Response, error) {
+	status := done
+	if b.Operation != nil {
+		switch b.Operation.Status {
+		case workflow.StatusFailed:
+			refusal := slots.ErrDepositDeclined
+			if b.Operation.Type == slots.OperationCancelDeposit {
+				refusal = slots.ErrRefundRefused
+			}
+			p, _ := toProblem(refusal)
+			p.Instance = c.Request().URL.Path
+			p.With("booking_id", b.ID).With("booking_status", b.Status).
+				With("operation_id", b.Operation.ID).With("operation_url", operationURL(b.Operation.ID))
+			if b.Operation.LastError != nil {
+				p.With("reason", *b.Operation.LastError)
+			}
+			return problemResponse(p)
+		case workflow.StatusSucceeded:
+		default:
+			status = http.StatusAccepted // the outcome at the payments service is not known yet
+		}
+	}
+	resp, err := idempotency.JSONResponse(status, b)
+	resp.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
+	return resp, err
 }
 
 // handleBookSlotForm: POST /slots/:id/book (form, hidden idempotency_key).
@@ -154,8 +195,12 @@ func (app *App) handleBookSlotForm(c echo.Context) error {
 		switch {
 		case errors.Is(refusal, slots.ErrSlotTaken):
 			return redirectAnswer(slotsNoticeURL(noticeSlotTaken, id))
+		case errors.Is(refusal, slots.ErrSlotHeld):
+			return redirectAnswer(slotsNoticeURL(noticeSlotHeld, id))
 		case refusal != nil:
 			return app.refusalPage(c, refusal)
+		case b.Operation != nil:
+			return redirectAnswer(bookingPageURL(b.ID)) // the saga's steps, on the booking's page
 		}
 		return redirectAnswer(slotsNoticeURL(noticeBooked, id))
 	})
@@ -169,15 +214,20 @@ func (app *App) bookSlot(c echo.Context, answer answerer[slots.Booking]) error {
 	if err != nil {
 		return err
 	}
+	req := slots.BookSlot{SlotID: id, UserID: u.ID,
+		RequestKey: idempotency.AttemptFrom(c.Request().Context()).KeyOrEmpty(), Actor: app.actor(c)}
 	return respond(c, answer, func(hooks workflow.Hooks[slots.Booking]) error {
-		_, err := app.booker.Book(c.Request().Context(), slots.BookSlot{SlotID: id, UserID: u.ID}, hooks)
+		_, err := app.booker.Book(c.Request().Context(), req, hooks)
 		return err
 	})
 }
 
 // handleCancelBooking: POST /api/v1/bookings/:id/cancel (Idempotency-Key).
 // 200 booking (CANCELLED) · 409 booking-not-confirmed · 404 unknown or
-// someone else's (an admin may release any).
+// someone else's (an admin may release any). A booking paid with a deposit
+// is the reverse saga: 200 CANCELLED (refunded, released) · 202 still
+// CONFIRMED, the refund's outcome unknown · 409 refund-refused ·
+// 409 cancellation-under-way.
 func (app *App) handleCancelBooking(c echo.Context) error {
 	var in struct{}
 	if err := decodeOptionalJSON(c, &in); err != nil {
@@ -187,7 +237,7 @@ func (app *App) handleCancelBooking(c echo.Context) error {
 		if refusal != nil {
 			return problemAnswer(c, refusal)
 		}
-		return idempotency.JSONResponse(http.StatusOK, b)
+		return bookingAnswer(c, b, http.StatusOK)
 	})
 }
 
@@ -201,6 +251,8 @@ func (app *App) handleCancelBookingForm(c echo.Context) error {
 			return redirectAnswer(slotsNoticeURL(noticeAlreadyReleased, 0))
 		case refusal != nil:
 			return app.refusalPage(c, refusal)
+		case b.Operation != nil:
+			return redirectAnswer(bookingPageURL(b.ID))
 		}
 		return redirectAnswer(slotsNoticeURL(noticeReleased, b.SlotID))
 	})
@@ -213,7 +265,8 @@ func (app *App) releaseBooking(c echo.Context, answer answerer[slots.Booking]) e
 	if err != nil {
 		return err
 	}
-	req := slots.ReleaseBooking{BookingID: id, UserID: u.ID, AsAdmin: u.IsAdmin()}
+	req := slots.ReleaseBooking{BookingID: id, UserID: u.ID, AsAdmin: u.IsAdmin(),
+		RequestKey: idempotency.AttemptFrom(c.Request().Context()).KeyOrEmpty(), Actor: app.actor(c)}
 	return respond(c, answer, func(hooks workflow.Hooks[slots.Booking]) error {
 		_, err := app.booker.Release(c.Request().Context(), req, hooks)
 		return err
@@ -256,10 +309,13 @@ func (app *App) handleGetBooking(c echo.Context) error {
 
 func bookingURL(id int64) string { return fmt.Sprintf("/api/v1/bookings/%d", id) }
 
+func bookingPageURL(id int64) string { return fmt.Sprintf("/bookings/%d", id) }
+
 // Notices the grid shows after a form, named in the redirect's query.
 const (
 	noticeBooked          = "booked"
 	noticeSlotTaken       = "slot-taken"
+	noticeSlotHeld        = "slot-held"
 	noticeReleased        = "released"
 	noticeAlreadyReleased = "already-released"
 	noticeAlreadyYours    = "already-yours" // chosen at render: slot-taken by yourself
@@ -283,6 +339,13 @@ func slotNotice(notice string, s *slots.Slot) string {
 		return "Booked " + name + ". It is marked yours below."
 	case noticeSlotTaken:
 		return "Someone else booked " + name + " just before you. Nothing was booked for you — pick another slot."
+	case noticeSlotHeld:
+		until := ""
+		if s != nil && s.HeldUntil != nil {
+			until = " until " + s.HeldUntil.UTC().Format("15:04:05 MST")
+		}
+		return name + " is held for someone else's booking while their deposit is charged" + until +
+			". Nothing was booked for you — it comes free only if their deposit is refused."
 	case noticeAlreadyYours:
 		return name + " is already yours (booked from another tab or an earlier click). Nothing else was booked."
 	case noticeReleased:
@@ -297,4 +360,65 @@ func slotNotice(notice string, s *slots.Slot) string {
 // slotName is how people read a slot: "Consulting room 1, Tue 3 Dec 10:00".
 func slotName(s slots.Slot) string {
 	return s.Resource + ", " + s.StartsAt.UTC().Format("Mon 2 Jan 15:04")
+}
+
+// handleBookingPage: GET /bookings/:id — one of your bookings (any, for an
+// admin). A deposit booking shows its saga as the operation page does —
+// steps, each system's truth, calls, timeline — refreshing until it ends.
+func (app *App) handleBookingPage(c echo.Context) error {
+	u, _ := userFrom(c)
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	b, err := app.slots.GetBooking(ctx, id, u.ID, u.IsAdmin())
+	if err != nil {
+		return err
+	}
+	sl, err := app.slots.Get(ctx, b.SlotID)
+	if err != nil {
+		return err
+	}
+	vm := views.BookingView{ID: b.ID, SlotName: slotName(sl), Status: b.Status}
+	if b.DepositCents != nil {
+		vm.Deposit = fmt.Sprintf("%d.%02d", *b.DepositCents/100, *b.DepositCents%100)
+	}
+	if sl.Status == slots.StatusHeld && sl.BookingID != nil && *sl.BookingID == b.ID && sl.HeldUntil != nil {
+		vm.HeldUntil = sl.HeldUntil.UTC().Format("Mon 2 Jan 15:04:05 MST")
+	}
+	ops, err := app.engine.BookingOperations(ctx, b.ID)
+	if err != nil {
+		return err
+	}
+	for i, op := range ops {
+		if i < len(ops)-1 {
+			vm.Earlier = append(vm.Earlier, views.OperationLink{ID: op.ID, Kind: sagaKind(op.Type), Status: op.Status})
+			continue
+		}
+		v, err := app.viewOperation(ctx, op, u.IsAdmin())
+		if err != nil {
+			return err
+		}
+		detail, err := app.operationDetail(ctx, v)
+		if err != nil {
+			return err
+		}
+		vm.Saga = &detail
+	}
+	cancelling := len(ops) > 0 && ops[len(ops)-1].Type == slots.OperationCancelDeposit && !ops[len(ops)-1].Terminal()
+	if b.Status == slots.BookingConfirmed && !cancelling {
+		vm.CancelKey = newFormKey()
+	}
+	if vm.Saga != nil && vm.Saga.Status == "FAILED" && b.Status == slots.BookingConfirmed {
+		vm.Notice = "The deposit's refund was refused, so the booking stands: nothing was released."
+	}
+	return render(c, http.StatusOK, views.BookingPage(app.page(c, "Booking", "slots"), vm))
+}
+
+func sagaKind(operationType string) string {
+	if operationType == slots.OperationCancelDeposit {
+		return "Deposit refund"
+	}
+	return "Deposit booking"
 }

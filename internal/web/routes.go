@@ -115,7 +115,8 @@ func (app *App) routes() *echo.Echo {
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.
 	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)                                           // book, then back to the grid
-	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, keyedForm...)                                 // release, then back to the grid
+	e.POST("/bookings/:id/cancel", app.handleCancelBookingForm, keyedForm...)                                 // release, then back to the grid (a deposit booking: to its page)
+	e.GET("/bookings/:id", app.handleBookingPage, signedIn...)                                                // one booking; a deposit booking's saga, step by step
 	e.GET("/labs", app.handleLabsPage, signedIn...)                                                           // the list of labs
 	e.GET("/labs/race", app.handleRaceLabPage, signedIn...)                                                   // the race lab
 	e.POST("/labs/race", app.handleRunRace, append(signedIn[:len(signedIn):len(signedIn)], app.limitLabs)...) // run a race (htmx swaps the result panel)

@@ -69,9 +69,11 @@ type Deps struct {
 
 	Idempotency *idempotency.Store
 	Canceller   *policies.Canceller
-	Engine      *workflow.Engine // runs every workflow; reads operations for the pages
-	Recovery    *recovery.Loop
-	Crash       *crash.Switch
+	// Deposits runs the deposit saga (slots that need a deposit).
+	Deposits *slots.Deposits
+	Engine   *workflow.Engine // runs every workflow; reads operations for the pages
+	Recovery *recovery.Loop
+	Crash    *crash.Switch
 
 	// Provider is the client the workflows call; ProviderControl sets the
 	// fake provider's faults and reads its ledger, wherever it runs.
@@ -153,7 +155,7 @@ func New(cfg Config, d Deps) *App {
 		users:    users.NewStore(d.Pool),
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
-		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy),
+		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy).WithDeposits(d.Deposits),
 		lab:      labs.NewRaceLab(d.Pool),
 		labs:     d.Labs,
 

@@ -44,10 +44,21 @@ type Step struct {
 	Call Caller
 	// Refused is what a definite refusal of Call means for the operation.
 	Refused Refusal
-	// Undo reverses a local step when the operation fails at a later step
-	// (release a hold). It runs in the transaction that records the
-	// failure. Nil: nothing to reverse.
+	// Undo reverses a local step — the first step too — when the operation
+	// fails at a later step (release a hold). It runs in the transaction
+	// that records the failure, which only a definite refusal leads to.
+	// Nil: nothing to reverse.
 	Undo func(ctx context.Context, tx pgx.Tx, op Operation) (detail string, err error)
+	// Abandon is asked by recovery when the truth of an external step's key
+	// is NOT_STARTED and conclusive (every earlier attempt's deadline has
+	// passed, so no call of it can still arrive): the call is known never
+	// to have taken effect. A non-empty why means the business no longer
+	// wants it sent (a hold whose time is up): the step FAILS as if
+	// refused, and the earlier steps' Undo run. "" (or a nil Abandon): the
+	// same call again, same key. It is never asked while the outcome is
+	// unknown — that is exactly when giving up would be a guess. at is the
+	// engine's clock (database.Clock.Arg) for comparisons with now().
+	Abandon func(ctx context.Context, tx pgx.Tx, op Operation, at *time.Time) (why string, err error)
 }
 
 // Refusal is what a definite refusal of an external step means.

@@ -297,3 +297,21 @@ func (e *Engine) Truth(ctx context.Context, op Operation, step string) (external
 	}
 	return st.Call.Status(ctx, rec.Key)
 }
+
+// BookingOperations returns the operations whose subject is bookingID (the
+// deposit saga's booking and cancellation), oldest first, with their steps.
+func (e *Engine) BookingOperations(ctx context.Context, bookingID int64) ([]Operation, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT `+opColumns+`
+		  FROM operations
+		 WHERE booking_id = $1
+		 ORDER BY id`, bookingID)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: operations of booking %d: %w", bookingID, err)
+	}
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	if err != nil {
+		return nil, fmt.Errorf("workflow: operations of booking %d: %w", bookingID, err)
+	}
+	return ops, withSteps(ctx, e.pool, pointers(ops))
+}

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -22,6 +23,7 @@ const (
 	BranchRejected       = "rejected"          // the system says REJECTED: the step FAILED
 	BranchNotStarted     = "not_started"       // NOT_STARTED and every deadline passed: the same call again, same key
 	BranchNotStartedWait = "not_started_wait"  // NOT_STARTED, but an earlier call may still be on its way: wait
+	BranchAbandoned      = "abandoned"         // NOT_STARTED, conclusive, and the step's Abandon says it is no longer wanted: FAILED, earlier steps undone
 	BranchPoll           = "poll"              // RUNNING or unreachable: wait, renew the lease, ask again
 	BranchRetryUnknown   = "retry_unknown"     // still unknown, the system believed idempotent: the same call again
 	BranchBackoff        = "backoff"           // the attempt learned nothing: try again later
@@ -122,8 +124,8 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 					return recovery.Result{}, err
 				}
 				if wait <= 0 {
-					return a.resend(ctx, i, BranchNotStarted, fmt.Sprintf("%s has no record of %s and every earlier attempt's deadline "+
-						"(+%s for clock skew) has passed, so none can still arrive: sent again with the same key", system, rec.Key, a.budget.ClockSkew))
+					return a.notStarted(ctx, i, fmt.Sprintf("%s has no record of %s and every earlier attempt's deadline "+
+						"(+%s for clock skew) has passed, so none can still arrive", system, rec.Key, a.budget.ClockSkew))
 				}
 				why := fmt.Sprintf("%s has no record of %s yet, but an earlier attempt may still be on its way "+
 					"(a status answer describes the past, not the requests still in flight) until its deadline +%s for clock skew, %s from now",
@@ -236,6 +238,42 @@ func (a *attempt) resend(ctx context.Context, i int, branch, why string) (recove
 		st, _ := a.r.def.step(a.r.record(i).Name)
 		p, _, err := a.r.sent(ctx, tx, i, st)
 		return p, err
+	})
+}
+
+// notStarted acts on a conclusive NOT_STARTED for step i: the call is known
+// never to have taken effect. The step's Abandon (if any) decides, in the
+// transaction that acts on it, between the same call again (same key) and
+// giving the step up — FAILED as if refused, the earlier steps undone.
+func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.Result, error) {
+	st, _ := a.r.def.step(a.r.record(i).Name)
+	if st.Abandon == nil {
+		return a.resend(ctx, i, BranchNotStarted, why+": sent again with the same key")
+	}
+	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
+		if err := a.r.flushAsked(ctx, tx); err != nil {
+			return nil, err
+		}
+		rec := a.r.record(i)
+		gaveUp, err := st.Abandon(ctx, tx, a.r.op, a.r.e.cfg.Clock.Arg())
+		if err != nil {
+			return nil, fmt.Errorf("workflow: step %s: abandon: %w", rec.Name, err)
+		}
+		if gaveUp == "" {
+			a.r.branch = BranchNotStarted
+			if err := a.r.event(ctx, tx, a.r.op.Status, rec.Name, why+": sent again with the same key", ""); err != nil {
+				return nil, err
+			}
+			p, _, err := a.r.sent(ctx, tx, i, st)
+			return p, err
+		}
+		a.r.branch = BranchAbandoned
+		why = why + ", so it is known never to have taken effect; " + gaveUp + ": not sent again"
+		answer, _ := json.Marshal(map[string]string{"truth": string(external.TruthNotStarted), "abandoned": gaveUp})
+		if err := a.r.finishStep(ctx, tx, i, StepFailed, external.TruthNotStarted, answer, why, nil); err != nil {
+			return nil, err
+		}
+		return nil, a.r.refuse(ctx, tx, i, why)
 	})
 }
 
@@ -414,7 +452,7 @@ func (a *attempt) reask(ctx context.Context) (recovery.Result, error) {
 		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, err
 	}
 	if a.truth == external.TruthNotStarted {
-		return a.resend(ctx, i, BranchNotStarted, fmt.Sprintf("%s has no record of %s and every deadline has passed: sent again with the same key", *rec.System, rec.Key))
+		return a.notStarted(ctx, i, fmt.Sprintf("%s has no record of %s and every deadline has passed", *rec.System, rec.Key))
 	}
 	return a.learned(ctx, i, BranchReasked, a.seen(*rec.System))
 }

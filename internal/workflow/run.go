@@ -288,7 +288,7 @@ func (r *runner) refuse(ctx context.Context, tx pgx.Tx, i int, why string) error
 	if st.Refused == Reconcile {
 		return r.reconcile(ctx, tx, nil, why+"; what the earlier steps did elsewhere stands, so a person decides")
 	}
-	for j := i - 1; j > 0; j-- {
+	for j := i - 1; j >= 0; j-- { // the first step's Undo too: the intent may hold something (a slot)
 		prev, _ := r.def.step(r.record(j).Name)
 		if prev.Undo == nil {
 			continue
