@@ -6,7 +6,11 @@
 #       booking of a free slot (book-free.sql) and one booking attempt under
 #       contention (book.sql) — the same commits, no HTTP, no Go;
 #   (b) the app over HTTP doing the same work (cmd/loadtest, workloads cancel,
-#       book-free and book), provider and payments ok;
+#       book-free and book), provider and payments ok; its events are
+#       delivered by no process during these runs (EVENTS_WORKERS=off, as
+#       when `web events` runs elsewhere): the floors deliver none either.
+#       One more cancellation run with the delivery in the same process
+#       (relay and both consumers: their commits on top) says what it costs;
 #   (c) the replay of completed keys (cmd/loadtest, workload replay);
 #   (d) recovery: 10,000 stale operations, two app instances, time to drain;
 #   (e) events: 10,000 events through both consumers, per transport.
@@ -39,9 +43,10 @@ say "bench: building web and loadtest"
 psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
 DATABASE_URL="$url" "$work/web" migrate up >/dev/null 2>&1
 
-# start_app NAME PORT: one `web serve` on loopback, its own provider port.
+# start_app NAME PORT EVENTS_WORKERS: one `web serve` on loopback, its own
+# provider port; EVENTS_WORKERS off runs no relay and no consumers.
 start_app() {
-	DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" PAYMENTS_ADDR="127.0.0.1:$(($2 + 2))" DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
+	EVENTS_WORKERS="$3" DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" PAYMENTS_ADDR="127.0.0.1:$(($2 + 2))" DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
 		SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$1" LOG_LEVEL=error \
 		"$work/web" serve >"$work/$1.log" 2>&1 &
 	pids+=($!)
@@ -76,7 +81,7 @@ loadtest_run() {
 }
 
 app="http://127.0.0.1:18180"
-start_app app-1 18180
+start_app app-1 18180 off
 psql -q "$url" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgbench_key_seq' -c 'CREATE SEQUENCE pgbench_slot_seq' >/dev/null
 free_slots="${FREE_SLOTS:-60000}"
 
@@ -99,6 +104,15 @@ read -r app_cancel_tps app_cancel_p99 app_cancel_5xx app_cancel_pass < <(loadtes
 say "bench: (b) app, booking free slots, $clients clients, ${secs}s"
 vacuum
 read -r app_free_tps app_free_p99 app_free_5xx app_free_pass < <(loadtest_run book-free "$clients" -users 3 -policies-per-user 1 -slots "$free_slots")
+
+say "bench: (b) app, cancellation, events delivered by the same process, $clients clients, ${secs}s"
+start_app app-3 18200 on
+app="http://127.0.0.1:18200"
+vacuum
+read -r app_cancel_ev_tps app_cancel_ev_p99 app_cancel_ev_5xx app_cancel_ev_pass < <(loadtest_run cancel "$clients" -users 1000 -policies-per-user 100)
+kill "${pids[-1]}" && wait "${pids[-1]}" 2>/dev/null || true
+unset 'pids[-1]'
+app="http://127.0.0.1:18180"
 
 say "bench: (c) app, replay of completed keys, $clients clients, ${secs}s"
 read -r app_replay_tps app_replay_p99 app_replay_5xx app_replay_pass < <(loadtest_run replay "$clients" -users 200 -policies-per-user 10)
@@ -129,7 +143,7 @@ SELECT o.id, 1, s.position, s.name, o.id || ':' || s.name, s.system,
        (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
                (4, 'publish_event', NULL), (5, 'refund', 'payments'), (6, 'audit', NULL)) AS s(position, name, system);
 SQL
-start_app app-2 18190
+start_app app-2 18190 on
 t0=$(date +%s.%N)
 live=$stale
 while :; do
@@ -150,6 +164,8 @@ printf '%-44s %12s %10s   %s\n' "workload" "per second" "p99 ms" "notes"
 printf '%-44s %12.0f %10s   %s\n' "pgbench: cancellation (5 commits), $clients clients" "$pg_cancel_tps" "$pg_cancel_p99" "the floor"
 printf "%-44s %12.0f %10.1f   %s\n" "app: cancellation, $clients clients" "$app_cancel_tps" "$app_cancel_p99" \
 	"app/pgbench $(ratio "$app_cancel_tps" "$pg_cancel_tps") (target ≥ 0.80) · 5xx $app_cancel_5xx · pass $app_cancel_pass"
+printf "%-44s %12.0f %10.1f   %s\n" "app: cancellation, events delivered in-process" "$app_cancel_ev_tps" "$app_cancel_ev_p99" \
+	"app/pgbench $(ratio "$app_cancel_ev_tps" "$pg_cancel_tps") (the relay's and both consumers' commits too) · pass $app_cancel_ev_pass"
 printf '%-44s %12.0f %10s   %s\n' "pgbench: booking a free slot (1 commit), $clients" "$pg_free_tps" "$pg_free_p99" "the floor"
 printf "%-44s %12.0f %10.1f   %s\n" "app: booking a free slot, $clients clients" "$app_free_tps" "$app_free_p99" \
 	"app/pgbench $(ratio "$app_free_tps" "$pg_free_tps") (target ≥ 0.80) · 5xx $app_free_5xx · pass $app_free_pass"

@@ -5,8 +5,14 @@
 --   tx 1 (the key's claim, the intent, provider_cancel SENT) · the provider's tx ·
 --   tx 2 (its outcome, mark_cancelled, publish_event, refund SENT) ·
 --   the payments service's tx · tx 3 (the refund's outcome, audit, the answer).
--- Left out, because they write nothing: the bearer-token lookup, the key
--- lookup, the fakes' fault lookups. The floor is of the commits.
+-- Each write is sent as the app sends it now (docs/performance.md, round
+-- trips): a step's SENT records its call in the same statement, an answer's
+-- row rides with the step's answered write, mark_cancelled's UPDATE returns
+-- the refund owed (read once). Left out, because they write nothing: the
+-- bearer-token lookup, the key lookup, the fakes' fault and status lookups.
+-- The floor is of the commits and the writes; the events' delivery (relay,
+-- consumers) is not in it: the app's run to compare with delivers them in
+-- another process (EVENTS_WORKERS=off, `web events`).
 
 -- The next ACTIVE policy (the run's sequence hands each out once) and its owner.
 SELECT id AS pid, user_id AS uid FROM policies WHERE id = (SELECT nextval('pgbench_policy_seq')) \gset
@@ -37,16 +43,20 @@ SELECT :opid::bigint, 1, s.position, s.name, :opid::text || ':' || s.name, s.sys
 WITH owner AS (
     UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id),
+sent AS (
+    UPDATE operation_steps s
+       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
+           request = coalesce(s.request, '{"policy_id": 1, "reason": "pgbench"}'), updated_at = now()
+      FROM owner
+     WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN')
+    RETURNING s.*),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request
+      FROM sent
     RETURNING id)
-UPDATE operation_steps s
-   SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
-       request = coalesce(s.request, '{"policy_id": 1, "reason": "pgbench"}'), updated_at = now()
-  FROM owner
- WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN');
-INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-VALUES (:opid::bigint, :opid::text || ':' || 'provider_cancel', 'call', 'provider', 'pgbench', :op_token::uuid, 1, now() + interval '2 seconds',
-        '{"policy_id": 1, "reason": "pgbench"}')
-RETURNING id AS call1 \gset
+SELECT recorded.id AS call1, sent.state FROM sent, recorded \gset
 INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
 SELECT :opid::bigint, NULL, 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
   FROM unnest(ARRAY['record_intent', 'provider_cancel']) AS s;
@@ -63,48 +73,57 @@ COMMIT;
 
 -- 3. The provider's outcome, mark_cancelled, publish_event, refund SENT.
 BEGIN;
-INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-VALUES (:opid::bigint, :opid::text || ':' || 'provider_cancel', 'answer', :call1::bigint, 'provider', 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5);
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id)
-UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
-  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('SENT', 'UNKNOWN');
+    RETURNING id),
+answered AS (
+    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+      FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('SENT', 'UNKNOWN')
+    RETURNING s.*),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+    SELECT operation_id, step_key, 'answer', :call1::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5
+      FROM answered)
+SELECT state FROM answered;
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
     RETURNING id)
 UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
   FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'mark_cancelled' AND s.state = 'PENDING';
-UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid::bigint AND status = 'ACTIVE';
+-- the policy CANCELLED, returning what it refunds (read once, for the event and the refund)
+UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid::bigint AND status = 'ACTIVE'
+RETURNING number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
+                        / (coverage_end - coverage_start))::bigint AS cents \gset
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
     RETURNING id)
 UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
   FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'publish_event' AND s.state = 'PENDING';
-SELECT number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
-                     / (coverage_end - coverage_start))::bigint AS cents
-  FROM policies WHERE id = :pid::bigint \gset
-INSERT INTO outbox (id, type, key, payload, transport, status)
-SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING' FROM events_config c;
-SELECT number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
-                     / (coverage_end - coverage_start))::bigint AS cents
-  FROM policies WHERE id = :pid::bigint \gset
+WITH written AS (
+    INSERT INTO outbox (id, type, key, payload, transport, status)
+    SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING' FROM events_config c
+    RETURNING transport, created_at)
+SELECT transport, created_at, pg_notify('idemlab_outbox', transport) FROM written;
 WITH owner AS (
     UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
+    RETURNING id),
+sent AS (
+    UPDATE operation_steps s
+       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
+           request = coalesce(s.request, '{"policy_id": 1, "amount_cents": 100}'), updated_at = now()
+      FROM owner
+     WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN')
+    RETURNING s.*),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
+    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request
+      FROM sent
     RETURNING id)
-UPDATE operation_steps s
-   SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
-       request = coalesce(s.request, '{"policy_id": 1, "amount_cents": 100}'), updated_at = now()
-  FROM owner
- WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN');
-INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-VALUES (:opid::bigint, :opid::text || ':' || 'refund', 'call', 'payments', 'pgbench', :op_token::uuid, 1, now() + interval '2 seconds',
-        '{"policy_id": 1, "amount_cents": 100}')
-RETURNING id AS call2 \gset
+SELECT recorded.id AS call2, sent.state FROM sent, recorded \gset
 INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
 SELECT :opid::bigint, 'IN_PROGRESS', 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
   FROM unnest(ARRAY['provider_cancel', 'mark_cancelled', 'publish_event', 'refund']) AS s;
@@ -122,14 +141,19 @@ COMMIT;
 -- 5. The refund's outcome, audit, SUCCEEDED, the events, the key's stored
 --    answer — one commit (the workflow with the handler's Finish).
 BEGIN;
-INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-VALUES (:opid::bigint, :opid::text || ':' || 'refund', 'answer', :call2::bigint, 'payments', 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'payments confirmed', 5);
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id)
-UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
-  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('SENT', 'UNKNOWN');
+    RETURNING id),
+answered AS (
+    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+      FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('SENT', 'UNKNOWN')
+    RETURNING s.*),
+recorded AS (
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
+    SELECT operation_id, step_key, 'answer', :call2::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'payments confirmed', 5
+      FROM answered)
+SELECT state FROM answered;
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')

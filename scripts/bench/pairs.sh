@@ -15,8 +15,9 @@
 # (10), CLIENTS (16), DB_MAX_CONNS (the apps' pool, default 8), FREE_SLOTS
 # (60000), PAIRS_PORT (23480), BASE (a git revision: its app runs too, on
 # its own port and database, so a change is measured before and after in
-# the same rounds), EVENTS_WORKERS (the apps' own; off: the request path
-# alone, the events' delivery left to `web events`).
+# the same rounds), APP_ENV and BASE_ENV (settings for one app alone, such
+# as "EVENTS_WORKERS=off DB_MAX_CONNS=16": BASE=HEAD BASE_ENV=… compares two
+# settings of one build).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -40,6 +41,8 @@ trap cleanup EXIT
 say() { printf '%s\n' "$*" >&2; }
 dburl() { echo "${server/\/postgres\?/\/$1?}"; }
 
+# The floors as they are now: an edit during the run changes nothing.
+cp "$root"/scripts/bench/*.sql "$work/"
 say "pairs: building web and loadtest"
 (cd "$root" && go build -o "$work/web" ./cmd/web && go build -o "$work/loadtest" ./cmd/loadtest)
 if [[ -n "${BASE:-}" ]]; then
@@ -49,19 +52,20 @@ if [[ -n "${BASE:-}" ]]; then
 	(cd "$work/base-src" && go build -o "$work/web-base" ./cmd/web)
 fi
 
-# start NAME DATABASE PORT BINARY: one `web serve` on loopback, its fakes on
+# start NAME DATABASE PORT BINARY [VAR=VALUE ...]: one `web serve` on loopback, its fakes on
 # the next two ports, on a database of its own (created and migrated). The
 # ports must be free: a readyz answered by another engineer's app would send
 # this script's resets to that app's database.
 start() {
 	local name="$1" d="$2" p="$3" bin="$4" u
-	u="$(dburl "$2")"
+	shift 4
+	u="$(dburl "$d")"
 	for q in "$p" $((p + 1)) $((p + 2)); do
 		if ss -ltn "sport = :$q" | grep -q LISTEN; then say "pairs: port $q is taken; set PAIRS_PORT"; exit 1; fi
 	done
 	psql -q "$server" -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" -c "CREATE DATABASE $d" >/dev/null
 	DATABASE_URL="$u" "$bin" migrate up >/dev/null 2>&1
-	DATABASE_URL="$u" ADDR="127.0.0.1:$p" PROVIDER_ADDR="127.0.0.1:$((p + 1))" PAYMENTS_ADDR="127.0.0.1:$((p + 2))" DEMO_MODE=true \
+	env "$@" DATABASE_URL="$u" ADDR="127.0.0.1:$p" PROVIDER_ADDR="127.0.0.1:$((p + 1))" PAYMENTS_ADDR="127.0.0.1:$((p + 2))" DEMO_MODE=true \
 		RATE_LIMIT_EXEMPT=127.0.0.1 SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$name" LOG_LEVEL=error \
 		"$bin" serve >"$work/$name.log" 2>&1 &
 	pids+=($!)
@@ -70,10 +74,12 @@ start() {
 	psql -q "$u" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgbench_key_seq' -c 'CREATE SEQUENCE pgbench_slot_seq' >/dev/null
 }
 port="${PAIRS_PORT:-23480}"
-start app "$db" "$port" "$work/web"
+# shellcheck disable=SC2086
+start app "$db" "$port" "$work/web" ${APP_ENV:-}
 app="http://127.0.0.1:$port" url="$(dburl "$db")"
 if [[ -n "${BASE:-}" ]]; then
-	start base "${db}_base" $((port + 10)) "$work/web-base"
+	# shellcheck disable=SC2086
+	start base "${db}_base" $((port + 10)) "$work/web-base" ${BASE_ENV:-}
 	base_app="http://127.0.0.1:$((port + 10))"
 fi
 
@@ -90,7 +96,7 @@ floor() {
 	case "$name" in cancel) reset 1000 100 8 ;; book-free) reset 0 1 "$free_slots" ;; esac
 	vacuum "$url"
 	mkdir -p "$n"
-	"$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$root/scripts/bench/$name.sql" -l --log-prefix="$n/log" "$url" \
+	"$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$work/$name.sql" -l --log-prefix="$n/log" "$url" \
 		>"$n/out" 2>&1 || { cat "$n/out" >&2; exit 1; }
 	local tps
 	tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' "$n/out" | head -1)
@@ -152,6 +158,6 @@ for w in $workloads; do
 	summary "$w: app/pgbench" ${ratios[$w]}
 	if [[ -n "${BASE:-}" ]]; then
 		# shellcheck disable=SC2086
-		summary "$w: app at $BASE/pgbench" ${base_ratios[$w]}
+		summary "$w: app at $BASE ${BASE_ENV:-}/pgbench" ${base_ratios[$w]}
 	fi
 done
