@@ -87,6 +87,7 @@ func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
 // recovery). When every step is DONE the operation SUCCEEDS and advance
 // returns nil.
 func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, error) {
+	marked := -1 // the last local step this call has marked DONE
 	for i := r.op.current(); i < len(r.op.Steps); i++ {
 		rec := r.record(i)
 		st, ok := r.def.step(rec.Name)
@@ -94,14 +95,17 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 			return nil, fmt.Errorf("workflow: %s has no step %q", r.def.Type, rec.Name)
 		}
 		if st.Do != nil {
-			if err := r.writeStep(ctx, tx, i, sqlStepDone); err != nil {
-				return nil, err
+			if i > marked {
+				var err error
+				if marked, err = r.localDone(ctx, tx, i); err != nil {
+					return nil, err
+				}
 			}
 			detail, err := st.Do(r.stepCtx(ctx, tx), tx, r.op)
 			if err != nil {
 				return nil, fmt.Errorf("workflow: step %s: %w", rec.Name, err)
 			}
-			if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" done: "+detail, sqlStepDone); err != nil {
+			if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" done: "+detail, sqlStepsDone); err != nil {
 				return nil, err
 			}
 			r.crash(ctx, crashAfter(rec.Name))
@@ -122,6 +126,40 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 		}
 	}
 	return nil, r.succeed(ctx, tx)
+}
+
+// localDone marks local step i DONE together with the local steps right
+// after it, in one statement: they run in this transaction one after the
+// other, whatever happens to one happens to all, so one round trip serves
+// them all. (Each Do still runs after its step is written DONE: a Do that
+// fails rolls the marks back with it.) It returns the last step marked.
+func (r *runner) localDone(ctx context.Context, tx pgx.Tx, i int) (int, error) {
+	last, names := i, []string{}
+	for j := i; j < len(r.op.Steps); j++ {
+		if st, ok := r.def.step(r.record(j).Name); !ok || st.Do == nil {
+			break
+		}
+		last, names = j, append(names, r.record(j).Name)
+	}
+	rows, err := tx.Query(ctx, sqlStepsDone, r.op.ID, r.token, r.op.Run, names)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: write steps %v: %w", names, err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
+	if err != nil {
+		return 0, fmt.Errorf("workflow: write steps %v: %w", names, err)
+	}
+	if len(steps) != len(names) {
+		return 0, r.whyNoRows(ctx, tx, fmt.Sprintf("steps %v are not all PENDING", names))
+	}
+	for _, got := range steps {
+		for j := i; j <= last; j++ {
+			if r.op.Steps[j].Name == got.Name {
+				r.op.Steps[j] = got
+			}
+		}
+	}
+	return last, nil
 }
 
 // sent records step i SENT — its request (computed the first time), its
@@ -326,7 +364,8 @@ WITH owner AS (
     RETURNING id
 )`
 
-const sqlStepDone = ownerCTE + `
+// sqlStepsDone marks local steps ($4, names) DONE.
+const sqlStepsDone = ownerCTE + `
 UPDATE operation_steps s
    SET state = 'DONE',
        finished_at = now(),
@@ -334,7 +373,7 @@ UPDATE operation_steps s
   FROM owner
  WHERE s.operation_id = owner.id
    AND s.run = $3
-   AND s.name = $4
+   AND s.name = ANY($4::text[])
    AND s.state = 'PENDING' -- a step is done once
 RETURNING ` + stepColumns
 
