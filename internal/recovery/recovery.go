@@ -61,6 +61,12 @@ type Claim struct {
 	// an operation waiting for a person takes no ownership (Token is
 	// empty): acting on it is conditional on this being unchanged.
 	SeenUpdatedAt time.Time
+	// Seen is the operation as the claim read it, for the Recoverer of its
+	// type, so recovering it starts without reading it again (nil: the
+	// recoverer reads it). It is as current as a read after the claim: the
+	// claim replaced the owner token first, so every later write of an
+	// earlier owner is fenced.
+	Seen any
 }
 
 // Claimer finds and claims the stale operations of every workflow. It

@@ -21,11 +21,16 @@ var (
 	_ recovery.Recoverer = (*Engine)(nil)
 )
 
-// A stale operation: live (IN_PROGRESS or RECOVERING), its lease over, its
-// backoff (if any) over. $1 is the clock (database.Clock).
+// claimableSince is when a live operation became claimable: once its lease
+// is over (its owner looks dead, or let it go) and its backoff, if any, is
+// over too — greatest ignores a NULL next_attempt_at. The claim orders by
+// it and the lag is measured from it, both on operations_claimable_idx.
+const claimableSince = `greatest(lease_expires_at, next_attempt_at)`
+
+// A stale operation: live (IN_PROGRESS or RECOVERING) and claimable. $1 is
+// the clock (database.Clock).
 var staleCondition = `status IN ('IN_PROGRESS', 'RECOVERING')
-       AND lease_expires_at < ` + database.Now(1) + ` -- its owner looks dead, or let it go
-       AND (next_attempt_at IS NULL OR next_attempt_at <= ` + database.Now(1) + `) -- its backoff is over`
+       AND ` + claimableSince + ` < ` + database.Now(1) + ` -- its lease and its backoff are over`
 
 // claimSet is what every claim does to the operation it takes.
 const claimSet = `
@@ -41,7 +46,7 @@ WITH stale AS (
     SELECT id AS stale_id, status AS was, released AS was_released
       FROM operations
      WHERE ` + staleCondition + `
-     ORDER BY lease_expires_at
+     ORDER BY ` + claimableSince + ` -- claimable longest first
      LIMIT $2
        FOR UPDATE SKIP LOCKED -- rows another worker is claiming right now are skipped, not waited for
 )
@@ -54,7 +59,7 @@ var sqlStaleCandidates = `
 SELECT id, status
   FROM operations
  WHERE ` + staleCondition + `
- ORDER BY lease_expires_at
+ ORDER BY ` + claimableSince + ` -- claimable longest first
  LIMIT $2 -- no lock: the claim below re-checks everything`
 
 var sqlClaimTransition = `
@@ -115,35 +120,26 @@ func (e *Engine) ClaimStale(ctx context.Context, req recovery.ClaimRequest) ([]r
 }
 
 // claimSkipLocked claims a whole batch in one transaction: lock what nobody
-// else holds, transition it, record the events, commit.
+// else holds, transition it, read the steps and record the claims of the
+// whole batch, commit — four statements however large the batch.
 func (e *Engine) claimSkipLocked(ctx context.Context, req recovery.ClaimRequest) ([]recovery.Claim, error) {
 	var claims []recovery.Claim
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		claims = claims[:0] // a retried transaction starts over
 		rows, err := tx.Query(ctx, sqlClaimSkipLocked, e.cfg.Clock.Arg(), req.Limit, req.Actor, req.Lease.Seconds())
 		if err != nil {
 			return err
 		}
-		var batch []claimed
-		for rows.Next() {
+		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 			var c claimed
-			if c.op, err = scanOperation(rows, &c.was, &c.released); err != nil {
-				rows.Close()
-				return err
-			}
-			batch = append(batch, c)
-		}
-		if err := rows.Err(); err != nil {
+			var err error
+			c.op, err = scanOperation(row, &c.was, &c.released)
+			return c, err
+		})
+		if err != nil {
 			return err
 		}
-		for _, c := range batch {
-			claim := c.claim(req)
-			if err := recordClaim(ctx, tx, c.op, claim, sqlClaimSkipLocked); err != nil {
-				return err
-			}
-			claims = append(claims, claim)
-		}
-		return nil
+		claims, err = recordClaims(ctx, tx, req, batch, sqlClaimSkipLocked)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("workflow: claim stale (skip-locked): %w", err)
@@ -170,6 +166,7 @@ func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimReques
 	}
 	var claims []recovery.Claim
 	for _, cand := range candidates {
+		var got []recovery.Claim
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			var c claimed
 			var err error
@@ -181,13 +178,13 @@ func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimReques
 			if err != nil {
 				return err
 			}
-			claim := c.claim(req)
-			claims = append(claims, claim)
-			return recordClaim(ctx, tx, c.op, claim, sqlClaimTransition)
+			got, err = recordClaims(ctx, tx, req, []claimed{c}, sqlClaimTransition)
+			return err
 		})
 		if err != nil {
 			return claims, fmt.Errorf("workflow: claim stale (transition): %w", err)
 		}
+		claims = append(claims, got...)
 	}
 	return claims, nil
 }
@@ -203,10 +200,13 @@ func (e *Engine) claimReasks(ctx context.Context, req recovery.ClaimRequest, lim
 	if err != nil {
 		return nil, fmt.Errorf("workflow: claim re-asks: %w", err)
 	}
+	if err := withSteps(ctx, e.pool, pointers(ops)); err != nil {
+		return nil, err
+	}
 	claims := make([]recovery.Claim, len(ops))
 	for i, op := range ops {
 		claims[i] = recovery.Claim{ID: op.ID, Type: op.Type, From: StatusNeedsReconciliation, Actor: req.Actor,
-			Reason: "waiting for a person and due to be asked again", SeenUpdatedAt: op.UpdatedAt}
+			Reason: "waiting for a person and due to be asked again", SeenUpdatedAt: op.UpdatedAt, Seen: op}
 	}
 	return claims, nil
 }
@@ -220,7 +220,29 @@ type claimed struct {
 
 func (c claimed) claim(req recovery.ClaimRequest) recovery.Claim {
 	return recovery.Claim{ID: c.op.ID, Type: c.op.Type, Token: *c.op.OwnerToken, From: c.was,
-		Reason: claimReason(c.released), Actor: req.Actor, SeenUpdatedAt: c.op.UpdatedAt}
+		Reason: claimReason(c.released), Actor: req.Actor, SeenUpdatedAt: c.op.UpdatedAt, Seen: c.op}
+}
+
+// recordClaims reads the steps of the operations just claimed — the
+// recoverer starts from them (Claim.Seen) instead of reading each again —
+// and records a claimed event for each, in the claim's transaction: two
+// statements for the whole batch.
+func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, batch []claimed, statement string) ([]recovery.Claim, error) {
+	ops := make([]*Operation, len(batch))
+	for i := range batch {
+		ops[i] = &batch[i].op
+	}
+	if err := withSteps(ctx, tx, ops); err != nil {
+		return nil, err
+	}
+	claims := make([]recovery.Claim, len(batch))
+	events := make([]event, len(batch))
+	for i, c := range batch {
+		claims[i] = c.claim(req)
+		events[i] = event{op: c.op, from: c.was, actor: req.Actor, branch: BranchClaimed,
+			detail: "claimed for recovery: " + claims[i].Reason, statement: statement}
+	}
+	return claims, insertEvents(ctx, tx, events)
 }
 
 // claimReason says why an operation was claimable, from how its lease ended.
@@ -237,18 +259,11 @@ func claimReason(released *string) string {
 	}
 }
 
-func recordClaim(ctx context.Context, tx pgx.Tx, op Operation, c recovery.Claim, statement string) error {
-	return recordEvent(ctx, tx, event{op: op, from: c.From, actor: c.Actor, branch: BranchClaimed,
-		detail: "claimed for recovery: " + c.Reason, statement: statement})
-}
-
 // StaleAge is how long the oldest stale operation has been claimable.
 func (e *Engine) StaleAge(ctx context.Context) (time.Duration, error) {
 	var secs float64
 	err := e.pool.QueryRow(ctx, `
-		SELECT coalesce(extract(epoch FROM
-		           `+database.Now(1)+`
-		           - min(greatest(lease_expires_at, coalesce(next_attempt_at, lease_expires_at)))), 0)
+		SELECT coalesce(extract(epoch FROM `+database.Now(1)+` - min(`+claimableSince+`)), 0)
 		  FROM operations
 		 WHERE `+staleCondition, e.cfg.Clock.Arg()).Scan(&secs)
 	if err != nil {

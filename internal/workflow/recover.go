@@ -58,14 +58,18 @@ func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budge
 	if !ok {
 		return recovery.Result{}, fmt.Errorf("workflow: no definition for %q", c.Type)
 	}
-	op, err := e.operation(ctx, e.pool, c.ID)
-	if err != nil {
-		return recovery.Result{}, err
+	op, ok := c.Seen.(Operation) // read by the claim, steps and all
+	if !ok {
+		var err error
+		if op, err = e.operation(ctx, e.pool, c.ID); err != nil {
+			return recovery.Result{}, err
+		}
 	}
 	r := e.runner(def, op, c.Actor)
 	r.token = c.Token
 	a := &attempt{r: r, claim: c, budget: b}
 	var res recovery.Result
+	var err error
 	if c.From == StatusNeedsReconciliation {
 		res, err = a.reask(ctx)
 	} else {

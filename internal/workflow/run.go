@@ -605,20 +605,28 @@ func (r *runner) flush(ctx context.Context, tx pgx.Tx) error {
 	if err := r.flushAsked(ctx, tx); err != nil {
 		return err
 	}
-	if len(r.events) == 0 {
+	if err := insertEvents(ctx, tx, r.events); err != nil {
+		return err
+	}
+	r.events = r.events[:0]
+	return nil
+}
+
+// insertEvents writes timeline lines in one statement, in their order.
+func insertEvents(ctx context.Context, tx pgx.Tx, evs []event) error {
+	n := len(evs)
+	if n == 0 {
 		return nil
 	}
-	n := len(r.events)
 	ids, from, to, actors, tokens := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
 	details, statements, branches, steps := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	for i, ev := range r.events {
+	for i, ev := range evs {
 		ids[i], from[i], to[i], actors[i], tokens[i] = ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken
 		details[i], statements[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
 	}
 	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, statements, branches, steps); err != nil {
 		return fmt.Errorf("workflow: record events: %w", err)
 	}
-	r.events = r.events[:0]
 	return nil
 }
 
