@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -165,9 +166,34 @@ WITH written AS (
     RETURNING transport, created_at
 )
 SELECT transport, created_at,
-       -- wakes a listening relay when the writer commits (polling is the guarantee)
-       pg_notify('idemlab_outbox', transport)
+       -- wakes the listening relays when the writer commits, if $5 says it
+       -- is this writer's turn (see wakeRelays); polling is the guarantee
+       CASE WHEN $5 AND transport <> 'river' THEN pg_notify('idemlab_outbox', transport) END
   FROM written`
+
+// wakeEvery is how often, at most, the writers of one process wake the
+// relays of one database with a NOTIFY. A transaction that notified takes
+// PostgreSQL's notify lock at commit — one lock for the whole server —
+// and holds it until its commit record is flushed, so one NOTIFY per event
+// made every event's commit wait its turn behind every other's fsync (the
+// top wait, Lock:object, while recovery drained 10,000 cancellations). A
+// relay woken stays awake for RelayConfig.AwakeFor (1 s, well over
+// wakeEvery), polling every AwakeInterval, so the events written by the
+// writers not notifying meanwhile are relayed as promptly.
+const wakeEvery = 100 * time.Millisecond
+
+// wakeRelays is whether a writer on conn's database notifies now: the
+// first writer of each wakeEvery per database does.
+func wakeRelays(conn *pgx.Conn) bool {
+	cfg := conn.Config()
+	v, _ := lastWake.LoadOrStore(fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	now, seen := time.Now().UnixNano(), last.Load()
+	return now-seen >= int64(wakeEvery) && last.CompareAndSwap(seen, now)
+}
+
+// lastWake is, per database, when a writer of this process last notified.
+var lastWake sync.Map
 
 // Write records e in the outbox inside tx — the caller's business
 // transaction — and returns its id. The event exists exactly when the
@@ -191,7 +217,7 @@ func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
 	}
 	var transport string
 	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload}
-	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload).Scan(&transport, &m.CreatedAt, nil); err != nil {
+	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, nil); err != nil {
 		return uuid.Nil, fmt.Errorf("events: write %s %s: %w", e.Type, e.Key, err)
 	}
 	if transport == TransportRiver {

@@ -42,6 +42,11 @@ type RelayConfig struct {
 	// Interval between polls. Polling is the guarantee; a NOTIFY from
 	// Write only wakes the relay sooner. Default 1s.
 	Interval time.Duration
+	// AwakeFor is how long a relay stays awake after a NOTIFY or a pass
+	// that found rows, polling every AwakeInterval: the writers of one
+	// process notify once per 100 ms at most (wakeEvery), and the events
+	// they write meanwhile are found by these polls. Defaults 1s and 10ms.
+	AwakeFor, AwakeInterval time.Duration
 	// Batch is how many rows one claim takes. Default 100.
 	Batch int
 	// Lease is how long a claim keeps other relays off its rows: longer
@@ -68,6 +73,8 @@ type RelayConfig struct {
 
 func (c RelayConfig) withDefaults() RelayConfig {
 	c.Interval = cmp.Or(c.Interval, time.Second)
+	c.AwakeFor = cmp.Or(c.AwakeFor, time.Second)
+	c.AwakeInterval = cmp.Or(c.AwakeInterval, 10*time.Millisecond)
 	c.Batch = cmp.Or(c.Batch, 100)
 	c.Lease = cmp.Or(c.Lease, 30*time.Second)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
@@ -84,7 +91,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 
 func (c RelayConfig) validate() error {
 	switch {
-	case c.Interval < 0 || c.Lease < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.Retention < 0 || c.InboxRetention < 0:
+	case c.Interval < 0 || c.AwakeFor < 0 || c.AwakeInterval < 0 || c.Lease < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.Retention < 0 || c.InboxRetention < 0:
 		return errors.New("events: relay durations must not be negative")
 	case c.Batch < 0 || c.MaxAttempts < 0 || c.PurgeBatch < 0:
 		return errors.New("events: relay counts must not be negative")
@@ -125,9 +132,10 @@ type RelayCounts struct {
 	Claimed, Published, Duplicates, Failed, Dead, Fenced int
 }
 
-// Run relays until ctx is done: a pass at every tick, and at once when a
-// writer's NOTIFY arrives. A failed pass is logged and retried at the
-// next tick.
+// Run relays until ctx is done: a pass at every tick, at once when a
+// writer's NOTIFY arrives, and every AwakeInterval for AwakeFor after a
+// NOTIFY or a pass that found rows (writers notify once per wakeEvery, not
+// once per event). A failed pass is logged and retried at the next tick.
 func (r *Relay) Run(ctx context.Context) {
 	wake := make(chan struct{}, 1)
 	listening := make(chan struct{})
@@ -143,9 +151,14 @@ func (r *Relay) Run(ctx context.Context) {
 	}
 	ticker := time.NewTicker(r.cfg.Interval)
 	defer ticker.Stop()
-	lastPurge := time.Time{}
+	poll := time.NewTimer(r.cfg.AwakeInterval)
+	defer poll.Stop()
+	lastPurge, awakeUntil := time.Time{}, time.Now().Add(r.cfg.AwakeFor)
 	for {
 		counts, err := r.runOnce(ctx)
+		if counts.Claimed > 0 {
+			awakeUntil = time.Now().Add(r.cfg.AwakeFor)
+		}
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("events: relay pass failed", "transport", r.pub.Transport(), "err", err)
 		} else if counts.Dead > 0 {
@@ -159,12 +172,19 @@ func (r *Relay) Run(ctx context.Context) {
 				r.cfg.Logger.Info("events: purged old rows", "rows", n)
 			}
 		}
+		var awake <-chan time.Time
+		if time.Now().Before(awakeUntil) {
+			poll.Reset(r.cfg.AwakeInterval)
+			awake = poll.C
+		}
 		select {
 		case <-ctx.Done():
 			r.republish.Wait()
 			return
 		case <-ticker.C:
+		case <-awake:
 		case <-wake:
+			awakeUntil = time.Now().Add(r.cfg.AwakeFor)
 		}
 	}
 }
