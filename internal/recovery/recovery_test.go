@@ -1097,9 +1097,14 @@ func TestEveryPaymentsModeAndRefundCrashPointEndsInItsDocumentedState(t *testing
 				ctx := context.Background()
 				pid := b.policyIDs[0]
 				// The request waits 300 ms for payments: modes that never answer
-				// cost one short timeout.
+				// cost one short timeout. The provider always answers, so its
+				// client is patient: on a loaded machine a provider call past
+				// 300 ms handed the cancellation to recovery before the refund
+				// and the crash point was never reached.
 				b.engine = workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.crashes})
-				b.canceller = policies.NewCanceller(b.engine, b.client(t), b.payClient(t, providerTimeout))
+				patient := provider.NewHTTPClient(b.url, b.timeout)
+				t.Cleanup(patient.CloseIdleConnections)
+				b.canceller = policies.NewCanceller(b.engine, patient, b.payClient(t, providerTimeout))
 				pf := fault.Default()
 				pf.Mode, pf.SlowMS = mode, 800
 				if _, err := b.payments.SetFaults(ctx, pf); err != nil {
