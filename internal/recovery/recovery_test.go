@@ -87,6 +87,19 @@ func (b *bundle) payClient(t testing.TB, timeout time.Duration) *payments.HTTPCl
 	return c
 }
 
+// patientRequests gives the requests a provider client that waits as long
+// as the loops' (b.timeout) and a payments client that waits payTimeout.
+// The 300 ms default is for modes that never answer; on a loaded machine
+// an answered call can take longer, and a request that timed out hands its
+// cancellation to recovery before the crash point a case is about.
+func (b *bundle) patientRequests(t testing.TB, payTimeout time.Duration) {
+	t.Helper()
+	b.engine = workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.crashes})
+	patient := provider.NewHTTPClient(b.url, b.timeout)
+	t.Cleanup(patient.CloseIdleConnections)
+	b.canceller = policies.NewCanceller(b.engine, patient, b.payClient(t, payTimeout))
+}
+
 func (b *bundle) client(t testing.TB) *provider.HTTPClient {
 	c := provider.NewHTTPClient(b.url, providerTimeout)
 	t.Cleanup(c.CloseIdleConnections)
@@ -331,6 +344,12 @@ func TestEveryModeAndCrashPointEndsInItsDocumentedState(t *testing.T) {
 				t.Parallel()
 				b := setup(t)
 				pid := b.policyIDs[0]
+				if mode == fake.ModeOK || mode == fake.ModeReject {
+					// A definite answer is waited for. (An error answer's
+					// step keeps the short deadline: recovery's wait for it
+					// to pass is part of what the case shows.)
+					b.patientRequests(t, b.timeout)
+				}
 				b.setFaults(t, faults{mode: mode, idempotent: true})
 				before, err := b.cancelCrashingAt(t, pid, point)
 				w, exists := expect(mode, point)
@@ -1097,14 +1116,8 @@ func TestEveryPaymentsModeAndRefundCrashPointEndsInItsDocumentedState(t *testing
 				ctx := context.Background()
 				pid := b.policyIDs[0]
 				// The request waits 300 ms for payments: modes that never answer
-				// cost one short timeout. The provider always answers, so its
-				// client is patient: on a loaded machine a provider call past
-				// 300 ms handed the cancellation to recovery before the refund
-				// and the crash point was never reached.
-				b.engine = workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.crashes})
-				patient := provider.NewHTTPClient(b.url, b.timeout)
-				t.Cleanup(patient.CloseIdleConnections)
-				b.canceller = policies.NewCanceller(b.engine, patient, b.payClient(t, providerTimeout))
+				// cost one short timeout. The provider always answers.
+				b.patientRequests(t, providerTimeout)
 				pf := fault.Default()
 				pf.Mode, pf.SlowMS = mode, 800
 				if _, err := b.payments.SetFaults(ctx, pf); err != nil {
