@@ -103,12 +103,7 @@ type config struct {
 	// each defaulting to the fake's own switch PROVIDER_IDEMPOTENT /
 	// PAYMENTS_IDEMPOTENT). A system not named keeps what the database says.
 	Beliefs       map[string]bool
-	beliefSources map[string]string
-}
-
-// beliefSource names the variable a belief came from, for the database row.
-func (c config) beliefSource(system string) string {
-	return c.beliefSources[system] + " at the start of " + c.InstanceID
+	beliefSources map[string]string // system → the variable its belief came from
 }
 
 func loadConfig(getenv func(string) string) (config, error) {

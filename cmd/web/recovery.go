@@ -37,9 +37,14 @@ type workflows struct {
 func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provider.Client, pay payments.Client,
 	crashes *crash.Switch, logger *slog.Logger, reg prometheus.Registerer) (*workflows, error) {
 	for _, system := range slices.Sorted(maps.Keys(cfg.Beliefs)) {
-		b, err := workflow.SetBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSource(system))
+		b, applied, err := workflow.SeedBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSources[system], cfg.InstanceID)
 		if err != nil {
 			return nil, err
+		}
+		if !applied {
+			logger.Warn("belief about an external system: a person's word outlives this start", "system", system,
+				"idempotent", b.Idempotent, "set_by", b.UpdatedBy, "set_at", b.UpdatedAt, "ignored", cfg.beliefSources[system]+"="+fmt.Sprint(cfg.Beliefs[system]))
+			continue
 		}
 		logger.Info("belief about an external system", "system", system, "idempotent", b.Idempotent, "set_by", b.UpdatedBy)
 	}

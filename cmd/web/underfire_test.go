@@ -244,3 +244,60 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// An operator's "not idempotent", said at run time, outlives the restart of
+// a replica started with PROVIDER_IDEMPOTENT_CALLS=true: the belief is one
+// row for the fleet, and a long chaos run found 23 policies cancelled twice
+// because a restarted instance seeded it back to "idempotent" and recovery
+// then resent unknown calls blind. A start's "not idempotent" is applied
+// over a person's "idempotent" (the cautious word from anywhere), and a
+// start's word replaces an earlier start's.
+func TestARestartKeepsAPersonsBelief(t *testing.T) {
+	t.Parallel()
+	believes := func(s *testServer) (bool, string) {
+		t.Helper()
+		r := s.do(request{Method: "GET", Path: "/api/v1/admin/systems", Token: "demo-admin"})
+		var list struct {
+			Items []struct {
+				Name       string `json:"name"`
+				Idempotent bool   `json:"believed_idempotent"`
+				UpdatedBy  string `json:"updated_by"`
+			} `json:"items"`
+		}
+		r.JSON(t, &list)
+		for _, b := range list.Items {
+			if b.Name == "provider" {
+				return b.Idempotent, b.UpdatedBy
+			}
+		}
+		t.Fatalf("no belief about the provider: %s", r.Body)
+		return false, ""
+	}
+	say := func(s *testServer, idempotent bool) {
+		t.Helper()
+		body := fmt.Sprintf(`{"believed_idempotent":%t}`, idempotent)
+		if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/systems/provider", Token: "demo-admin", Body: body}); r.Status != http.StatusOK {
+			t.Fatalf("PUT belief: %d %s", r.Status, r.Body)
+		}
+	}
+	start := func(db *testdb.DB, instance, idempotent string) *testServer {
+		return startServerOn(t, db, map[string]string{"INSTANCE_ID": instance, "PROVIDER_IDEMPOTENT_CALLS": idempotent})
+	}
+
+	first := start(testdb.New(t), "app-1", "true")
+	say(first, false)
+	again := start(first.DB, "app-2", "true") // a replica restarted
+	if idem, by := believes(again); idem {
+		t.Fatalf("after a replica's restart the app believes the provider idempotent (set by %s); the operator said it is not", by)
+	}
+
+	say(first, true)
+	start(first.DB, "app-3", "false")
+	if idem, by := believes(first); idem {
+		t.Fatalf("a start with PROVIDER_IDEMPOTENT_CALLS=false left the belief idempotent (set by %s)", by)
+	}
+	start(first.DB, "app-4", "true") // the last word was a start's: this one replaces it
+	if idem, by := believes(first); !idem || !strings.Contains(by, "app-4") {
+		t.Fatalf("a start's word over an earlier start's: idempotent=%t set by %s; want true by app-4", idem, by)
+	}
+}
