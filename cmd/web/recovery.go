@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
@@ -36,17 +37,8 @@ type workflows struct {
 // dispatching by kind.
 func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provider.Client, pay payments.Client,
 	crashes *crash.Switch, logger *slog.Logger, reg prometheus.Registerer) (*workflows, error) {
-	for _, system := range slices.Sorted(maps.Keys(cfg.Beliefs)) {
-		b, applied, err := workflow.SeedBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSources[system], cfg.InstanceID)
-		if err != nil {
-			return nil, err
-		}
-		if !applied {
-			logger.Warn("belief about an external system: a person's word outlives this start", "system", system,
-				"idempotent", b.Idempotent, "set_by", b.UpdatedBy, "set_at", b.UpdatedAt, "ignored", cfg.beliefSources[system]+"="+fmt.Sprint(cfg.Beliefs[system]))
-			continue
-		}
-		logger.Info("belief about an external system", "system", system, "idempotent", b.Idempotent, "set_by", b.UpdatedBy)
+	if err := seedBeliefs(ctx, cfg, pool, logger); err != nil {
+		return nil, err
 	}
 	engine := workflow.NewEngine(pool, workflow.Config{
 		Lease: cfg.Recovery.Lease, Crash: crashes, Registerer: reg, Logger: logger.With("component", "workflow"),
@@ -60,6 +52,33 @@ func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provide
 		w.recovery.Register(typ, engine)
 	}
 	return w, nil
+}
+
+// seedBeliefs tells the app what the environment says about each system
+// (workflow.SeedBelief: a person's word since the last start outlives it),
+// waiting for a database that went away after the migration.
+func seedBeliefs(ctx context.Context, cfg config, pool *pgxpool.Pool, logger *slog.Logger) error {
+	for _, system := range slices.Sorted(maps.Keys(cfg.Beliefs)) {
+		type seeded struct {
+			workflow.Belief
+			applied bool
+		}
+		s, err := database.WaitFor(ctx, logger, "seed the belief about "+system, func(ctx context.Context) (seeded, error) {
+			b, applied, err := workflow.SeedBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSources[system], cfg.InstanceID)
+			return seeded{b, applied}, err
+		})
+		if err != nil {
+			return err
+		}
+		if !s.applied {
+			logger.Warn("belief about an external system: a person's word outlives this start", "system", system,
+				"idempotent", s.Idempotent, "set_by", s.UpdatedBy, "set_at", s.UpdatedAt,
+				"ignored", cfg.beliefSources[system]+"="+fmt.Sprint(cfg.Beliefs[system]))
+			continue
+		}
+		logger.Info("belief about an external system", "system", system, "idempotent", s.Idempotent, "set_by", s.UpdatedBy)
+	}
+	return nil
 }
 
 // recoverOnly is `web recover`: the recovery loop alone, for a worker

@@ -94,7 +94,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	defer pool.Close()
 	defer migrator.Close()
 
-	accounts, err := demoData(ctx, cfg, pool)
+	accounts, err := seedDemo(ctx, cfg, pool, logger)
 	if err != nil {
 		return err
 	}
@@ -304,6 +304,16 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.
 		return err
 	}
 	return nil
+}
+
+// seedDemo is demoData waiting for a database that went away after the
+// migration: a restart between two steps of a start ended the process
+// ("web: conn closed", found by a chaos run). demoData is one transaction,
+// so an attempt that failed left nothing behind.
+func seedDemo(ctx context.Context, cfg config, pool *pgxpool.Pool, logger *slog.Logger) ([]demo.Account, error) {
+	return database.WaitFor(ctx, logger, "seed the demo data", func(ctx context.Context) ([]demo.Account, error) {
+		return demoData(ctx, cfg, pool)
+	})
 }
 
 // demoData seeds the demo accounts, their policies and a week of slots in

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/idemlab/idemlab/internal/netfault"
 	"github.com/idemlab/idemlab/internal/pgcluster"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // Regression tests for what a chaos run found (issue 11): a database that
@@ -299,5 +301,49 @@ func TestARestartKeepsAPersonsBelief(t *testing.T) {
 	start(first.DB, "app-4", "true") // the last word was a start's: this one replaces it
 	if idem, by := believes(first); !idem || !strings.Contains(by, "app-4") {
 		t.Fatalf("a start's word over an earlier start's: idempotent=%t set by %s; want true by app-4", idem, by)
+	}
+}
+
+// The steps of a start after its migration — the demo data, the beliefs —
+// wait for a database that went away between them, as the migration does,
+// instead of ending the process: a chaos run saw `web serve` exit with
+// "conn closed" when a restart landed just after its migration.
+func TestAStartWaitsForADatabaseThatLeftAfterItsMigration(t *testing.T) {
+	t.Parallel()
+	c := pgcluster.ForTest(t, pgcluster.Options{})
+	env := map[string]string{"DATABASE_URL": c.URL(), "DEMO_MODE": "true", "INSTANCE_ID": "app-1", "PROVIDER_IDEMPOTENT_CALLS": "false"}
+	cfg, err := loadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logger := slog.New(slog.NewTextHandler(testLogWriter{t}, nil))
+	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	defer migrator.Close()
+
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(time.Second)
+		if err := c.Start(); err != nil {
+			t.Error(err)
+		}
+	}()
+	beliefs := make(chan error, 1)
+	go func() { beliefs <- seedBeliefs(ctx, cfg, pool, logger) }()
+	if accounts, err := seedDemo(ctx, cfg, pool, logger); err != nil || len(accounts) == 0 {
+		t.Fatalf("the demo data with the database away for a second: %d accounts, %v", len(accounts), err)
+	}
+	if err := <-beliefs; err != nil {
+		t.Fatalf("the beliefs with the database away for a second: %v", err)
+	}
+	if b, err := workflow.NewEngine(pool, workflow.Config{}).Belief(ctx, "provider"); err != nil || b.Idempotent {
+		t.Fatalf("belief after the seed: %+v %v; want not idempotent", b, err)
 	}
 }
