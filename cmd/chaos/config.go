@@ -127,6 +127,11 @@ func (c config) appEnv(dbURL string) []string {
 		"RECOVERY_INTERVAL=" + c.RecoveryInterval.String(),
 		"RECOVERY_POLL_INTERVAL=100ms",
 		"RECOVERY_BACKOFF=200ms",
+		// Backoffs and the re-asking of operations waiting for a person
+		// compressed like the leases (5m and 30s in production), so what
+		// the faults sent to a person is asked again within the drain.
+		"RECOVERY_MAX_BACKOFF=10s",
+		"RECOVERY_REASK_INTERVAL=2s",
 		"PROVIDER_IDEMPOTENT_CALLS=true",
 	}
 	return append(env, c.AppEnv...)

@@ -26,8 +26,8 @@
 //     progress".
 //   - invariants: GET /api/v1/invariants found nothing.
 //   - exits: no process ended on its own.
-//   - last-resort: nothing waits for a person when the provider's truth
-//     already settles it.
+//   - last-resort: nothing waits for a person when the truth of the step
+//     it is stuck at, asked after the drain, already settles it.
 package check
 
 import (
@@ -97,6 +97,14 @@ type Operation struct {
 	Key      string `json:"idempotency_key"`
 	// Truth is the provider's, asked just now ("" when it could not be).
 	Truth string `json:"provider_truth_now"`
+	// Stuck is the step the operation stands at (the first not DONE), its
+	// state, and — for an external step whose outcome is unknown (SENT,
+	// UNKNOWN) — its system's truth asked just now. A step FAILED after
+	// earlier effects stand (a refund refused once the policy is
+	// cancelled) is a person's decision by design, whatever the provider says.
+	Stuck      string `json:"stuck_step,omitempty"`
+	StuckState string `json:"stuck_state,omitempty"`
+	StuckTruth string `json:"stuck_truth_now,omitempty"`
 	// Claimed is when recovery first claimed it (zero: never), from its
 	// timeline: how long a handed-over operation waited for a worker.
 	Claimed time.Time `json:"first_claimed_at"`
@@ -281,9 +289,12 @@ func Exits(_ []history.Intent, faults []history.Fault, _ EndState) []Violation {
 func LastResort(_ []history.Intent, _ []history.Fault, end EndState) []Violation {
 	var vs []Violation
 	for _, op := range end.Waiting {
-		switch op.Truth {
+		if op.StuckState != "SENT" && op.StuckState != "UNKNOWN" {
+			continue // a definite refusal after effects that stand: a person's by design
+		}
+		switch op.StuckTruth {
 		case "COMPLETED", "REJECTED", "NOT_STARTED":
-			vs = append(vs, Violation{Check: "last-resort", Detail: fmt.Sprintf("operation %d (policy %d) waits for a person; the provider says %s", op.ID, op.PolicyID, op.Truth)})
+			vs = append(vs, Violation{Check: "last-resort", Detail: fmt.Sprintf("operation %d (policy %d) waits for a person at %s; its system says %s", op.ID, op.PolicyID, op.Stuck, op.StuckTruth)})
 		}
 	}
 	return vs

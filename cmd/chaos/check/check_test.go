@@ -252,11 +252,16 @@ func TestExitsFailsOnAProcessThatEndedByItself(t *testing.T) {
 
 func TestLastResortFailsOnAnOperationTheTruthSettles(t *testing.T) {
 	intents, faults, end := clean()
-	end.Waiting = []Operation{{ID: 103, PolicyID: 13, Truth: "RUNNING"}, {ID: 104, PolicyID: 14, Truth: "COMPLETED"}}
+	end.Waiting = []Operation{
+		{ID: 103, PolicyID: 13, Truth: "RUNNING", Stuck: "provider_cancel", StuckState: "UNKNOWN", StuckTruth: "RUNNING"},
+		{ID: 104, PolicyID: 14, Truth: "COMPLETED", Stuck: "provider_cancel", StuckState: "SENT", StuckTruth: "COMPLETED"},
+		// The refund refused after the provider cancelled: a person's by design.
+		{ID: 105, PolicyID: 15, Truth: "COMPLETED", Stuck: "refund", StuckState: "FAILED"},
+	}
 	vs := Run(intents, faults, end)
-	only(t, vs, "last-resort", "operation 104 (policy 14) waits for a person; the provider says COMPLETED")
+	only(t, vs, "last-resort", "operation 104 (policy 14) waits for a person at provider_cancel; its system says COMPLETED")
 	if len(vs) != 1 {
-		t.Fatalf("RUNNING is not conclusive: %+v", vs)
+		t.Fatalf("RUNNING is not conclusive, a refused refund is a person's: %+v", vs)
 	}
 }
 

@@ -163,11 +163,27 @@ func operation(ctx context.Context, app workload.Instance, token string, id int6
 		Provider struct {
 			Truth string `json:"truth"`
 		} `json:"provider"`
+		Steps []struct {
+			Name  string `json:"name"`
+			State string `json:"state"`
+		} `json:"steps"`
+		Truths map[string]struct {
+			Truth string `json:"truth"`
+		} `json:"truths"`
 	}
 	if err := workload.Call(ctx, app, token, http.MethodGet, "/api/v1/operations/"+strconv.FormatInt(id, 10), nil, &v); err != nil {
 		return Operation{}, fmt.Errorf("check: operation %d: %w", id, err)
 	}
 	v.Operation.Truth = v.Provider.Truth
+	for _, st := range v.Steps {
+		if st.State != "DONE" {
+			v.Operation.Stuck, v.Operation.StuckState = st.Name, st.State
+			if st.State == "SENT" || st.State == "UNKNOWN" {
+				v.Operation.StuckTruth = v.Truths[st.Name].Truth
+			}
+			break
+		}
+	}
 	var timeline []struct {
 		At     time.Time `json:"at"`
 		Branch string    `json:"branch"`

@@ -39,7 +39,7 @@ type Summary struct {
 	Doubled  int   // policies with more than one effect
 	Late     int64 // calls the provider refused as past their deadline
 	Events   check.Events
-	Waiting  int // operations waiting for a person at the end
+	Waiting  int // operations waiting for a person at the end (the invariants' count: the reconciliation list shows 100)
 	// ClaimLags are, for each cancellation answered 202 (handed over to
 	// recovery), the time from the answer to recovery's claim, sorted.
 	ClaimLags []time.Duration
@@ -58,7 +58,7 @@ func Summarize(log *history.Log, intents []history.Intent, faults []history.Faul
 		Seed: log.Seed, Started: log.Started, Healed: log.Healed, Drained: log.Drained,
 		Faults: map[string]int{}, Kills: map[string]int{}, Crashes: map[string]int{},
 		Intents: map[string]int{}, Answers: map[string]int{}, Kinds5xx: kinds5xx,
-		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: len(end.Waiting), Late: end.Late, Events: end.Events,
+		Violations: vs, Notes: log.Notes, Settings: settings, Waiting: int(max(end.Invariants.Counts.OperationsByStatus["NEEDS_RECONCILIATION"], int64(len(end.Waiting)))), Late: end.Late, Events: end.Events,
 		intents: intents, faults: faults,
 	}
 	s.Duration = s.Healed.Sub(s.Started)
