@@ -7,8 +7,9 @@
 --   the payments service's tx · tx 3 (the refund's outcome, audit, the answer).
 -- Each write is sent as the app sends it now (docs/performance.md, round
 -- trips): a step's SENT records its call in the same statement, an answer's
--- row rides with the step's answered write, mark_cancelled's UPDATE returns
--- the refund owed (read once). Left out, because they write nothing: the
+-- row rides with the step's answered write, the local steps in a row are
+-- marked DONE together, mark_cancelled's UPDATE returns the refund owed
+-- (read once). Left out, because they write nothing: the
 -- bearer-token lookup, the key lookup, the fakes' fault and status lookups.
 -- The floor is of the commits and the writes; the events' delivery (relay,
 -- consumers) is not in it: the app's run to compare with delivers them in
@@ -86,22 +87,18 @@ recorded AS (
     SELECT operation_id, step_key, 'answer', :call1::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5
       FROM answered)
 SELECT state FROM answered;
+-- the two local steps that follow, marked DONE together
 WITH owner AS (
     UPDATE operations SET updated_at = now()
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
     RETURNING id)
 UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
-  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'mark_cancelled' AND s.state = 'PENDING';
+  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = ANY (ARRAY['mark_cancelled', 'publish_event'])
+   AND s.state = 'PENDING';
 -- the policy CANCELLED, returning what it refunds (read once, for the event and the refund)
 UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid::bigint AND status = 'ACTIVE'
 RETURNING number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
                         / (coverage_end - coverage_start))::bigint AS cents \gset
-WITH owner AS (
-    UPDATE operations SET updated_at = now()
-     WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id)
-UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
-  FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'publish_event' AND s.state = 'PENDING';
 WITH written AS (
     INSERT INTO outbox (id, type, key, payload, transport, status)
     SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING' FROM events_config c
