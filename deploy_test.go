@@ -59,7 +59,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis", "kafka"} {
+	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis", "kafka", "tasks"} {
 		service(t, p, name)
 	}
 }
@@ -265,7 +265,7 @@ func TestComposeNATS(t *testing.T) {
 		if err != nil || u.Scheme != "nats" || u.Hostname() != "nats" || u.Port() != "4222" {
 			t.Errorf("%s NATS_URL = %q, want nats://nats:4222", name, env(t, app, "NATS_URL"))
 		}
-		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" && tr != "kafka" {
+		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" && tr != "kafka" && tr != "tasks" {
 			t.Errorf("%s EVENTS_TRANSPORT = %q", name, tr)
 		}
 		if _, ok := app.DependsOn["nats"]; !ok {
@@ -449,6 +449,34 @@ func TestComposeKafka(t *testing.T) {
 		}
 		if _, ok := app.DependsOn["kafka"]; !ok {
 			t.Errorf("%s does not depend on kafka", name)
+		}
+	}
+}
+
+// The task queue runs alone (`web tasks`); every replica creates its tasks
+// there, with the same push token and window, and the queue pushes through
+// the proxy, so either replica handles a push.
+func TestComposeTaskQueue(t *testing.T) {
+	p := loadCompose(t)
+	tasks := service(t, p, "tasks")
+	if len(tasks.Command) != 1 || tasks.Command[0] != "tasks" {
+		t.Errorf("tasks command = %v, want [tasks]", tasks.Command)
+	}
+	addr := env(t, tasks, "TASKS_ADDR")
+	window := env(t, tasks, "TASKS_DEDUPE_WINDOW")
+	for _, name := range []string{"app", "app2"} {
+		app := service(t, p, name)
+		if u := env(t, app, "TASKS_URL"); u != "http://tasks"+addr {
+			t.Errorf("%s TASKS_URL = %q, want http://tasks%s", name, u, addr)
+		}
+		if u := env(t, app, "TASKS_PUSH_URL"); u != "http://proxy:8080" {
+			t.Errorf("%s TASKS_PUSH_URL = %q, want the proxy", name, u)
+		}
+		if env(t, app, "TASKS_PUSH_TOKEN") == "" || env(t, app, "TASKS_DEDUPE_WINDOW") != window {
+			t.Errorf("%s: a push token and the queue's window (%s) are needed", name, window)
+		}
+		if _, ok := app.DependsOn["tasks"]; !ok {
+			t.Errorf("%s does not depend on tasks", name)
 		}
 	}
 }

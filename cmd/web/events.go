@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,7 +20,7 @@ import (
 
 // eventsConfig is the EVENTS_* and NATS_URL environment (docs/api.md).
 type eventsConfig struct {
-	Transport string // EVENTS_TRANSPORT: nats, river or kafka
+	Transport string // EVENTS_TRANSPORT: nats, river, kafka or tasks
 	// Workers (EVENTS_WORKERS, default on) runs the relay and the consumers
 	// in this `web serve`. Off, the process only writes events (into the
 	// outbox, in the business transactions) and `web events` elsewhere
@@ -49,6 +50,8 @@ type eventsConfig struct {
 	Topic               string        // EVENTS_TOPIC: default idemlab.events.<database>
 	KafkaPartitions     int           // EVENTS_KAFKA_PARTITIONS
 	KafkaSessionTimeout time.Duration // EVENTS_KAFKA_SESSION_TIMEOUT: a silent member's partitions are handed on after it
+
+	Tasks tasksConfig // TASKS_*: the Cloud Tasks transport (tasks.go)
 }
 
 func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsConfig, error) {
@@ -109,6 +112,10 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		err = fmt.Errorf("EVENTS_KAFKA_PARTITIONS: %d is not from 1 to 1000", p)
 	}
 	ec.KafkaPartitions = int(p)
+	if err != nil {
+		return ec, err
+	}
+	ec.Tasks, err = loadTasksConfig(getenv, databaseURL)
 	return ec, err
 }
 
@@ -171,6 +178,8 @@ func (er *eventsRuntime) Run(ctx context.Context) {
 		er.runRiver(ctx)
 	case events.TransportKafka:
 		er.runKafka(ctx)
+	case events.TransportTasks:
+		er.runTasks(ctx)
 	default:
 		er.runNATS(ctx)
 	}
@@ -312,6 +321,9 @@ func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.
 	sw := crash.New(events.CrashPoints, logger)
 	if err := sw.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
 		return fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
+	}
+	if cfg.Events.Transport == events.TransportTasks && (cfg.Events.Tasks.PushURL == "" || cfg.Events.Tasks.tokenMadeUp) {
+		return errors.New("web events with EVENTS_TRANSPORT=tasks needs TASKS_PUSH_URL and TASKS_PUSH_TOKEN: the app instances serve the pushes")
 	}
 	run := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
 	fmt.Fprintf(stdout, "events %q running (%s)\n", cfg.InstanceID, cfg.Events.Transport)

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/browsertest"
 	"github.com/idemlab/idemlab/internal/events"
+	tasksfake "github.com/idemlab/idemlab/internal/tasks/fake"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
@@ -196,6 +200,8 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 		{"nats", "consumer_after_commit_before_ack", "inbox"},
 		{"kafka", "relay_after_publish_before_mark", "inbox"},
 		{"kafka", "consumer_after_commit_before_ack", "inbox"},
+		{"tasks", "relay_after_publish_before_mark", "broker"}, // the queue refuses the second create by name
+		{"tasks", "consumer_after_commit_before_ack", "inbox"},
 	} {
 		t.Run(tc.transport+"/"+tc.at, func(t *testing.T) {
 			t.Parallel()
@@ -218,6 +224,14 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 				t.Cleanup(broker.Close)
 				env["KAFKA_BROKERS"] = broker.Addr()
 				env["EVENTS_KAFKA_SESSION_TIMEOUT"] = "2s" // the dead member leaves its group after it
+			}
+			if tc.transport == "tasks" {
+				// The queue outlives the killed server (it runs here, as
+				// `web tasks` would) and pushes to the server's fixed
+				// address: the dead one's, then the restarted one's.
+				env["TASKS_URL"] = startTaskQueue(t, db)
+				env["ADDR"] = freeAddr(t)
+				env["TASKS_PUSH_TOKEN"] = "crash-test-token"
 			}
 			crashing := map[string]string{"CRASH_AT": tc.at}
 			for k, v := range env {
@@ -268,4 +282,32 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 			s.assertInvariants(t)
 		})
 	}
+}
+
+// startTaskQueue runs the fake task queue on db in the test process until
+// the test ends, and returns its URL.
+func startTaskQueue(t *testing.T, db *testdb.DB) string {
+	t.Helper()
+	q, err := tasksfake.New(db.Pool, tasksfake.Config{Instance: "test-queue", DispatchDeadline: time.Second,
+		MaxBackoff: 500 * time.Millisecond, Interval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(q.Handler())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); q.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	return srv.URL
+}
+
+// freeAddr is a loopback address nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

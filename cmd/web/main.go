@@ -7,6 +7,7 @@
 //	web recover              the recovery loop alone (needs PROVIDER_URL)
 //	web events               the events' relay and consumers alone
 //	web kafka                the embedded Kafka broker alone (KAFKA_ADDR, KAFKA_DATA_DIR)
+//	web tasks                the fake task queue alone (TASKS_ADDR)
 //	web migrate up|down|status
 //	web user set NAME [-role customer|admin] [-token]
 //	                         credentials outside demo mode (PASSWORD from the environment)

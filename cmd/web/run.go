@@ -58,6 +58,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return eventsOnly(ctx, cfg, logger, stdout)
 	case "kafka":
 		return kafkaOnly(ctx, cfg, logger, stdout)
+	case "tasks":
+		return tasksOnly(ctx, cfg, logger, stdout)
 	case "migrate":
 		return migrate(ctx, cfg, logger, args, stdout)
 	case "healthcheck":
@@ -65,7 +67,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "user":
 		return userCommand(ctx, cfg, getenv, logger, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want serve, provider, payments, recover, events, kafka, migrate, user or healthcheck)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, provider, payments, recover, events, kafka, tasks, migrate, user or healthcheck)", cmd)
 	}
 }
 
@@ -118,6 +120,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return err
 	}
 	eventsRun := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
+	tasksPush, err := eventsRun.pushHandler()
+	if err != nil {
+		return err
+	}
 	// The labs: their own schema, pool, fake systems and Redis keys.
 	labRuns, err := labs.New(pool, labs.Config{
 		RedisURL: cfg.RedisURL, RedisServer: cfg.RedisServer, Logger: logger.With("component", "labs"),
@@ -147,6 +153,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		PaymentsControl: ext.paymentsControl,
 		Events:          events.NewStore(pool),
 		Injector:        eventsRun.injector,
+		TasksPush:       tasksPush,
 		Labs:            labRuns,
 	})
 
@@ -155,6 +162,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	banner(stdout, ln.Addr(), ext.providerURL, ext.paymentsURL, accounts)
+	// The task queue pushes to this instance unless TASKS_PUSH_URL names a
+	// load balancer over all of them.
+	eventsRun.cfg.Tasks.PushURL = or(eventsRun.cfg.Tasks.PushURL, "http://"+dialable(ln.Addr()))
 
 	var bg background
 	defer bg.stop()

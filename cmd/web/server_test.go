@@ -46,6 +46,7 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 		"PROVIDER_ADDR":  "127.0.0.1:0",
 		"PAYMENTS_ADDR":  "127.0.0.1:0",
 		"KAFKA_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=kafka, an embedded broker of its own
+		"TASKS_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=tasks, a fake task queue of its own
 		"DB_MAX_CONNS":   "10",
 		// The tests drive the demo: demo accounts, reset, crash switch.
 		"DEMO_MODE": "true",

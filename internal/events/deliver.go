@@ -19,6 +19,10 @@ type verdict struct {
 	// silent: say nothing at all; the transport's ack deadline passes and
 	// it redelivers on its own (the injector's lose_ack).
 	silent bool
+	// outcome is the consumer rule's (OutcomeApplied, OutcomeDuplicate)
+	// when the delivery was handled; a transport that answers a request
+	// (Cloud Tasks' push) says it.
+	outcome string
 }
 
 // transportSide is what process needs to know about a transport.
@@ -78,20 +82,21 @@ func process(ctx context.Context, h *Handler, inj *Injector, side transportSide,
 		h.waitApplied(context.WithoutCancel(ctx), d.ID, holdBound)
 		ctx = context.WithoutCancel(ctx)
 	}
-	if _, err := h.Handle(ctx, d); err != nil {
+	outcome, err := h.Handle(ctx, d)
+	if err != nil {
 		h.logger.Warn("events: delivery failed; the transport redelivers it", "consumer", h.Consumer(),
 			"event", d.ID, "err", err)
 		return verdict{redeliver: true, failed: true, delay: side.retryAfter}
 	}
 	switch mode {
 	case FailAfterCommit:
-		return verdict{redeliver: true, failed: true} // committed, but the transport hears "failed"
+		return verdict{redeliver: true, failed: true, outcome: outcome} // committed, but the transport hears "failed"
 	case LoseAck:
-		return verdict{silent: true}
+		return verdict{silent: true, outcome: outcome}
 	case DeliverTwice:
-		return verdict{redeliver: true}
+		return verdict{redeliver: true, outcome: outcome}
 	case AfterWindow:
-		return verdict{redeliver: true, delay: side.window + time.Second}
+		return verdict{redeliver: true, delay: side.window + time.Second, outcome: outcome}
 	}
-	return verdict{ack: true}
+	return verdict{ack: true, outcome: outcome}
 }

@@ -36,10 +36,11 @@ const (
 	TransportNATS  = "nats"  // the relay publishes to NATS JetStream
 	TransportRiver = "river" // the writer's transaction inserts River jobs
 	TransportKafka = "kafka" // the relay produces to a Kafka topic
+	TransportTasks = "tasks" // the relay creates Cloud Tasks, the queue pushes them to the app
 )
 
 // Transports lists the transports this build implements.
-var Transports = []string{TransportNATS, TransportRiver, TransportKafka}
+var Transports = []string{TransportNATS, TransportRiver, TransportKafka, TransportTasks}
 
 var (
 	// ErrInvalidEvent: a type, key or payload the outbox would refuse.

@@ -29,7 +29,9 @@ type bundle struct {
 	natsCfg  events.NATSConfig
 	kafka    *events.Kafka
 	kafkaCfg events.KafkaConfig
-	// pub is what the bundle's relay publishes through (nats or kafka)
+	// tasks: the fake task queue and the push handlers' front (tasks_test.go)
+	tasks *tasksSide
+	// pub is what the bundle's relay publishes through (nats, kafka or tasks)
 	pub      events.Publisher
 	injector *events.Injector
 	userID   int64
@@ -122,9 +124,13 @@ func (b *bundle) relay(t testing.TB, cfg events.RelayConfig) *events.Relay {
 }
 
 // startConsumers runs `instances` instances of each consumer on the
-// bundle's transport (NATS or Kafka) until the test ends.
+// bundle's transport (NATS, Kafka or Cloud Tasks) until the test ends.
 func (b *bundle) startConsumers(t testing.TB, instances int) {
 	t.Helper()
+	if b.transport == events.TransportTasks {
+		b.startPushHandlers(t, instances, nil)
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })

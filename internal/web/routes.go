@@ -5,6 +5,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -26,6 +27,11 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/readyz", app.handleReadyz)   // the database answers and the schema is current
 	e.GET("/metrics", app.metrics.handler())
 	e.StaticFS("/static", views.Static) // vendored htmx and Pico, app.css, app.js
+	if app.tasksPush != nil {
+		// The task queue's pushes (EVENTS_TRANSPORT=tasks): its bearer
+		// token, no session, no CSRF; the consumer rule answers.
+		e.POST(events.PushPath+":consumer", echo.WrapHandler(app.tasksPush))
+	}
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}

@@ -88,6 +88,9 @@ type Deps struct {
 	// the redelivery injector (internal/events).
 	Events   *events.Store
 	Injector *events.Injector
+	// TasksPush is the Cloud Tasks transport's push handler (events.PushPath);
+	// nil serves no push route.
+	TasksPush http.Handler
 
 	// Labs runs the numbered labs (internal/labs); nil answers 503.
 	Labs *labs.Labs
@@ -129,8 +132,9 @@ type App struct {
 	// requests through it.
 	handler http.Handler
 
-	events   *events.Store
-	injector *events.Injector
+	events    *events.Store
+	injector  *events.Injector
+	tasksPush http.Handler
 }
 
 // New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,
@@ -170,7 +174,7 @@ func New(cfg Config, d Deps) *App {
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}
-	app.events, app.injector = d.Events, d.Injector
+	app.events, app.injector, app.tasksPush = d.Events, d.Injector, d.TasksPush
 	app.handler = app.routes()
 	return app
 }
