@@ -76,7 +76,7 @@ func (snap eventsSnapshotJSON) event(id string) (events.EventRow, bool) {
 	return events.EventRow{}, false
 }
 
-// On both transports, end to end through the app: the injector makes the
+// On every transport, end to end through the app: the injector makes the
 // notifications consumer fail after its commit, the transport delivers the
 // event again, the inbox catches it — the Events page says so, and alice's
 // mailbox holds exactly one message.
@@ -123,13 +123,13 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 				b, _ := json.Marshal(mail)
 				t.Errorf("alice's mailbox = %s, want the one message of event %s", b, id)
 			}
-			if transport != events.TransportNATS {
+			if transport != events.TransportTasks {
 				return
 			}
 
 			// The page, as the admin sees it, at both widths.
 			ctx := browsertest.New(t)
-			var dups, history string
+			var dups, tasksDups, history string
 			err := chromedp.Run(ctx,
 				chromedp.Navigate(s.URL+"/signin"),
 				chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
@@ -137,14 +137,15 @@ func TestEventsRedeliveredAndDeduplicatedEndToEnd(t *testing.T) {
 				chromedp.Navigate(s.URL+"/events"),
 				chromedp.WaitVisible(`[data-testid="dedupe-table"]`, chromedp.ByQuery),
 				chromedp.Text(`[data-testid="dups-notifications"]`, &dups, chromedp.ByQuery),
+				chromedp.Text(`[data-testid="inbox-dups-tasks"]`, &tasksDups, chromedp.ByQuery),
 				chromedp.Click(`[data-testid="event-`+id+`"] summary`, chromedp.ByQuery),
 				chromedp.Text(`[data-testid="event-`+id+`"] .event-history`, &history, chromedp.ByQuery),
 			)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if strings.TrimSpace(dups) != "1" {
-				t.Errorf("the page says the notifications inbox caught %q duplicates, want 1", dups)
+			if strings.TrimSpace(dups) != "1" || strings.TrimSpace(tasksDups) != "1" {
+				t.Errorf("the page says the notifications inbox caught %q duplicates, %q on tasks; want 1 and 1", dups, tasksDups)
 			}
 			if !strings.Contains(history, "caught by the inbox") || !strings.Contains(history, "fail_after_commit") {
 				t.Errorf("the event's history does not show the injected redelivery caught by the inbox:\n%s", history)

@@ -194,6 +194,7 @@ func webConfig(cfg config) web.Config {
 		ProviderTimeout: cfg.ProviderTimeout,
 		PaymentsTimeout: cfg.PaymentsTimeout,
 		EventsWindow:    cfg.Events.DuplicateWindow,
+		TasksWindow:     cfg.Events.Tasks.DedupeWindow,
 	}
 }
 

@@ -35,6 +35,12 @@
 //     crash, a lost commit or a rebalance in between redelivers from the
 //     committed offset. The broker is a real cluster (KAFKA_BROKERS) or
 //     kfake in the process (KafkaBroker).
+//   - Cloud Tasks, a queue that pushes: the relay creates one task per
+//     event and consumer, named by the event id (the queue refuses a second
+//     create of a name while the task is pending and for its window after
+//     it ran); the queue pushes each to the app's push handler (TasksPush)
+//     until a push is answered 2xx, and pushes again after a failure or a
+//     push past its dispatch deadline — after the handler's commit too.
 //
 // # Consuming: the inbox
 //

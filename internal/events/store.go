@@ -33,6 +33,22 @@ type Overview struct {
 	Consumers []ConsumerStats `json:"consumers"`
 	// BrokerDuplicates: publishes the broker dropped inside its dedupe window.
 	BrokerDuplicates int64 `json:"broker_duplicates"`
+	// Transports: what each transport's events met, layer by layer — every
+	// transport this build has, including those not in use now (the
+	// database keeps the deliveries of a run on another transport).
+	Transports []TransportStats `json:"transports"`
+}
+
+// TransportStats counts one transport's duplicates by the layer that
+// caught them.
+type TransportStats struct {
+	Transport string `json:"transport"`
+	// BrokerDuplicates: repeats the layer before the consumers refused (a
+	// publish inside JetStream's window, a task create refused by name).
+	BrokerDuplicates int64 `json:"broker_duplicates"`
+	// InboxDuplicates: deliveries an inbox recognised and applied nothing for.
+	InboxDuplicates int64 `json:"inbox_duplicates"`
+	Applied         int64 `json:"applied"`
 }
 
 // ConsumerStats counts one consumer's deliveries by outcome.
@@ -98,7 +114,33 @@ func (s *Store) Overview(ctx context.Context) (Overview, error) {
 	if err != nil {
 		return o, fmt.Errorf("events: overview: %w", err)
 	}
+	if o.Transports, err = s.byTransport(ctx); err != nil {
+		return o, fmt.Errorf("events: overview: %w", err)
+	}
 	return o, nil
+}
+
+// byTransport counts, per transport, the duplicates each layer caught.
+func (s *Store) byTransport(ctx context.Context) ([]TransportStats, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT t.transport,
+		       coalesce(p.dups, 0),
+		       coalesce(d.dups, 0),
+		       coalesce(d.applied, 0)
+		  FROM unnest($1::text[]) WITH ORDINALITY AS t(transport, n)
+		  LEFT JOIN (SELECT transport, count(*) FILTER (WHERE duplicate) AS dups
+		               FROM event_publishes
+		              GROUP BY transport) p USING (transport)
+		  LEFT JOIN (SELECT transport,
+		                    count(*) FILTER (WHERE outcome = 'duplicate') AS dups,
+		                    count(*) FILTER (WHERE outcome = 'applied') AS applied
+		               FROM event_deliveries
+		              GROUP BY transport) d USING (transport)
+		 ORDER BY t.n`, Transports)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[TransportStats])
 }
 
 // EventRow is one outbox row with what became of it.

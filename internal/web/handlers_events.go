@@ -157,6 +157,33 @@ var guarantees = map[string]string{
 		"River's retries, job timeout and rescuer run each job at least once.",
 	events.TransportKafka: "a relay produces each outbox row to a Kafka topic, keyed by its event id, and marks it sent after the acks; " +
 		"each consumer is a consumer group that commits its offsets after its commit. At least once: a crash, a lost commit or a rebalance redelivers from the committed offset.",
+	events.TransportTasks: "a relay creates one Cloud Tasks task per event and consumer, named by the event id; the queue pushes it to the app " +
+		"until a push is answered 2xx. At least once: a failed push, or one not answered within the dispatch deadline, is pushed again — after the handler's commit too.",
+}
+
+// transportRows is the page's table of the four transports: each one's
+// guarantee in short, the layer before the consumer that dedupes and for
+// how long, and what each layer caught here.
+func (app *App) transportRows(o events.Overview) []views.TransportRow {
+	short := map[string][2]string{ // delivery; the layer before the inbox
+		events.TransportNATS:  {"at least once: redelivered after AckWait, or at once on a Nak", "the stream drops a repeated publish of a Nats-Msg-Id"},
+		events.TransportRiver: {"at least once: a failed job is retried, a stuck one rescued", "none: every rerun reaches the consumer"},
+		events.TransportKafka: {"at least once: from the committed offset, after a crash, a lost commit or a rebalance", "none on the event id: the idempotent producer stores one session's retries once"},
+		events.TransportTasks: {"at least once: pushed again on a non-2xx or past the dispatch deadline", "the queue refuses a second create of a task name"},
+	}
+	window := map[string]string{
+		events.TransportNATS:  app.cfg.EventsWindow.String() + " after the first publish",
+		events.TransportRiver: "—",
+		events.TransportKafka: "one producer session",
+		events.TransportTasks: app.cfg.TasksWindow.String() + " after the task ran (Cloud Tasks: about an hour)",
+	}
+	var rows []views.TransportRow
+	for _, t := range o.Transports {
+		rows = append(rows, views.TransportRow{Transport: t.Transport, Current: t.Transport == o.Transport,
+			Delivery: short[t.Transport][0], Layer: short[t.Transport][1], Window: window[t.Transport],
+			BrokerDups: t.BrokerDuplicates, InboxDups: t.InboxDuplicates, Applied: t.Applied})
+	}
+	return rows
 }
 
 // handleEventsPage: GET /events — everyone signed in; the injector and
@@ -187,10 +214,13 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	v := views.EventsView{
 		Admin: u.IsAdmin(), Instance: app.cfg.InstanceID, Transport: o.Transport, Guarantee: guarantees[o.Transport],
 		Pending: o.Pending, Sent: o.Sent, Dead: o.Dead, BrokerDups: o.BrokerDuplicates,
-		ConsumerNames: events.Consumers, ReplayKey: newFormKey,
+		ConsumerNames: events.Consumers, ReplayKey: newFormKey, Transports: app.transportRows(o),
 	}
-	if o.Transport == events.TransportNATS {
+	switch o.Transport {
+	case events.TransportNATS:
 		v.Window = app.cfg.EventsWindow.String()
+	case events.TransportTasks:
+		v.Window = app.cfg.TasksWindow.String()
 	}
 	if o.Pending > 0 {
 		v.OldestPending = (time.Duration(o.OldestPendingSeconds*1000) * time.Millisecond).String()

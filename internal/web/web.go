@@ -55,6 +55,7 @@ type Config struct {
 	ProviderTimeout time.Duration // PROVIDER_TIMEOUT: shown on the provider page
 	PaymentsTimeout time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
 	EventsWindow    time.Duration // EVENTS_DUPLICATE_WINDOW: shown on the Events page
+	TasksWindow     time.Duration // TASKS_DEDUPE_WINDOW: shown on the Events page
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per
