@@ -44,7 +44,8 @@ type config struct {
 	ProviderTimeout  time.Duration
 	RecoveryInterval time.Duration
 	AppEnv           []string // extra KEY=value for the app instances
-	Transport        string   // EVENTS_TRANSPORT: nats (a private nats-server) or river
+	Transport        string   // EVENTS_TRANSPORT of this run: nats (a private nats-server), river, kafka (`web kafka`) or tasks (`web tasks`)
+	Rotation         []string // the transports of -transport, one whole run each, in turn (Transport is the current one)
 }
 
 // envFlags collects repeated -env KEY=value.
@@ -92,15 +93,24 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
 	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT and PAYMENTS_TIMEOUT of the app")
 	fs.DurationVar(&c.RecoveryInterval, "recovery-interval", 250*time.Millisecond, "RECOVERY_INTERVAL of the app")
-	fs.StringVar(&c.Transport, "transport", events.TransportNATS, "EVENTS_TRANSPORT of the app: "+strings.Join(events.Transports, " or ")+" (nats: the run starts its own nats-server)")
+	fs.StringVar(&c.Transport, "transport", events.TransportNATS, "EVENTS_TRANSPORT of the app: "+strings.Join(events.Transports, " or ")+
+		" (nats: the run starts its own nats-server; kafka, tasks: `web kafka`, `web tasks` as a process of their own); "+
+		"a comma-separated list, or all, rotates it: one whole run per transport, in turn, each in its own folder under -out")
 	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	if !slices.Contains(events.Transports, c.Transport) {
-		err := fmt.Errorf("-transport %q: want %s", c.Transport, strings.Join(events.Transports, " or "))
-		fmt.Fprintln(stderr, "chaos:", err)
-		return c, err
+	if c.Transport == "all" {
+		c.Transport = strings.Join(events.Transports, ",")
+	}
+	c.Rotation = strings.Split(c.Transport, ",")
+	c.Transport = c.Rotation[0]
+	for _, t := range c.Rotation {
+		if !slices.Contains(events.Transports, t) {
+			err := fmt.Errorf("-transport %q: want %s, a comma-separated list of them, or all", t, strings.Join(events.Transports, " or "))
+			fmt.Fprintln(stderr, "chaos:", err)
+			return c, err
+		}
 	}
 	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 {
 		err := fmt.Errorf("-clients, -duration, -users and -slots must be positive")

@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 )
 
@@ -49,6 +50,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return exitHarness
 	}
+	if len(cfg.Rotation) == 1 {
+		return runOne(ctx, cfg, stdout, stderr)
+	}
+	// EVENTS_TRANSPORT rotated: one whole run per transport, in turn (a
+	// transport's outbox rows are relayed only by its own relay, so
+	// switching mid-run would strand them), each in -out/<transport>.
+	worst, out := exitOK, cfg.Out
+	for _, t := range cfg.Rotation {
+		cfg.Transport, cfg.Out = t, filepath.Join(out, t)
+		fmt.Fprintf(stdout, "chaos: -transport %s (%s)\n", t, cfg.Out)
+		code := runOne(ctx, cfg, stdout, stderr)
+		fmt.Fprintf(stdout, "chaos: -transport %s: %s\n", t, map[int]string{exitOK: "no violations",
+			exitViolation: "VIOLATIONS", exitHarness: "the run could not be made"}[code])
+		worst = max(worst, code)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return worst
+}
+
+// runOne is one run on cfg.Transport.
+func runOne(ctx context.Context, cfg config, stdout, stderr io.Writer) int {
 	r, err := newRun(ctx, cfg, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, "chaos:", err)

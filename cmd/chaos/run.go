@@ -38,13 +38,17 @@ var fakeSpecs = []struct{ name, addrEnv, urlEnv, idempotentEnv string }{
 
 // chaosRun is the system under test and its record.
 type chaosRun struct {
-	cfg    config
-	out    io.Writer
-	dir    string
-	log    *history.Log
-	db     *cluster.DB
-	fakes  []nemesis.Fake // each fake's process and the proxy in front of it
-	nats   *procs.Process // the events' broker (nil with -transport river)
+	cfg   config
+	out   io.Writer
+	dir   string
+	log   *history.Log
+	db    *cluster.DB
+	fakes []nemesis.Fake // each fake's process and the proxy in front of it
+	nats  *procs.Process // the events' broker (nil with -transport river)
+	// broker is the events' broker or queue with -transport kafka (`web
+	// kafka`) or tasks (`web tasks`): a process of its own, as nats is, so
+	// a killed instance does not take it along.
+	broker *procs.Process
 	apps   []*procs.Process
 	data   *workload.Dataset
 	closed bool
@@ -91,6 +95,14 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 			return r, err
 		}
 		eventsEnv = append(eventsEnv, "NATS_URL="+natsURL)
+	}
+	switch cfg.Transport {
+	case events.TransportKafka, events.TransportTasks:
+		env, err := r.startBroker(ctx, bin, onExit)
+		if err != nil {
+			return r, err
+		}
+		eventsEnv = append(eventsEnv, env...)
 	}
 	eventsEnv = append(eventsEnv, "EVENTS_TRANSPORT="+cfg.Transport)
 
@@ -172,6 +184,34 @@ func (r *chaosRun) startNATS(ctx context.Context, onExit func(procs.Exit)) (stri
 		return "", err
 	}
 	return "nats://" + client, nil
+}
+
+// startBroker runs the embedded Kafka broker (`web kafka`, its log in the
+// run's folder) or the fake task queue (`web tasks`, its state in the
+// run's database) alone, and returns what the instances need to reach it.
+// Task pushes go to each instance's own address (the one that created the
+// task; the queue retries while it is down) with one token for both.
+func (r *chaosRun) startBroker(ctx context.Context, bin string, onExit func(procs.Exit)) ([]string, error) {
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	spec := procs.Spec{Name: r.cfg.Transport, Bin: bin, Args: []string{r.cfg.Transport}, Addr: addr,
+		Env:     []string{"DATABASE_URL=" + r.db.URL(), "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s"},
+		LogPath: filepath.Join(r.dir, "logs", r.cfg.Transport+".log")}
+	var env []string
+	if r.cfg.Transport == events.TransportKafka {
+		spec.Env = append(spec.Env, "KAFKA_ADDR="+addr, "KAFKA_DATA_DIR="+filepath.Join(r.dir, "kafka"))
+		env = []string{"KAFKA_BROKERS=" + addr}
+	} else {
+		spec.Env = append(spec.Env, "TASKS_ADDR="+addr)
+		spec.ReadyPath = "/v2/projects/idemlab/locations/local/queues/events-ledger/tasks?pageSize=1"
+		env = []string{"TASKS_URL=http://" + addr, "TASKS_PUSH_TOKEN=chaos-run-push-token"}
+	}
+	if r.broker, err = procs.Start(ctx, spec, onExit); err != nil {
+		return nil, err
+	}
+	return env, nil
 }
 
 func (r *chaosRun) instances() []workload.Instance {
@@ -380,6 +420,9 @@ func (r *chaosRun) close() {
 	}
 	if r.nats != nil {
 		r.nats.Stop(3 * time.Second)
+	}
+	if r.broker != nil {
+		r.broker.Stop(3 * time.Second)
 	}
 	if r.db != nil {
 		r.db.Close()

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/testdb"
@@ -217,15 +218,47 @@ func TestInjectorModesOnKafka(t *testing.T) {
 			t.Parallel()
 			b := setupKafka(t, broker, events.KafkaConfig{})
 			checkInjectedMode(t, b, mode, func(ctx context.Context) *events.Relay {
+				// The groups settle before the first record: a member
+				// joining while the first one handles records revokes its
+				// partitions mid-batch, and what it had not committed goes
+				// again — at least once, but not the duplicates the mode
+				// causes, which is what this test counts.
+				b.startConsumers(t, 2)
+				b.waitGroupsStable(t, 2)
 				relay := b.relay(t, events.RelayConfig{})
 				if _, err := relay.RunOnce(ctx); err != nil {
 					t.Fatal(err)
 				}
-				b.startConsumers(t, 2)
 				return relay
 			})
 		})
 	}
+}
+
+// waitGroupsStable waits until both consumers' groups are Stable with
+// `members` members each: every partition assigned, no rebalance under way.
+func (b *bundle) waitGroupsStable(t testing.TB, members int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafkaCfg.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	groups := []string{b.kafka.Group(events.ConsumerNotifications), b.kafka.Group(events.ConsumerLedger)}
+	waitFor(t, 30*time.Second, "both consumer groups to be stable with every member", func() bool {
+		req := kmsg.NewPtrDescribeGroupsRequest()
+		req.Groups = groups
+		resp, err := req.RequestWith(context.Background(), cl)
+		if err != nil || len(resp.Groups) != len(groups) {
+			return false
+		}
+		for _, g := range resp.Groups {
+			if g.State != "Stable" || len(g.Members) != members {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // blockingLedger is the ledger whose first Apply waits, inside its

@@ -70,7 +70,7 @@ type Spec struct {
 	Args      []string // serve, provider, …
 	Env       []string // KEY=value, on top of a minimal environment
 	Addr      string   // where it listens (the readiness probe goes there)
-	ReadyPath string   // a GET answering 2xx once it serves, e.g. /healthz
+	ReadyPath string   // a GET answering 2xx once it serves, e.g. /healthz; "" for a server that is not HTTP: ready once it accepts a connection
 	LogPath   string   // stdout and stderr of every run, appended
 }
 
@@ -228,6 +228,15 @@ func (p *Process) markReady(cmd *exec.Cmd, up chan struct{}) {
 		p.mu.Unlock()
 		if !current {
 			return
+		}
+		if p.spec.ReadyPath == "" { // not HTTP (a Kafka broker): accepting connections is serving
+			if conn, err := net.DialTimeout("tcp", p.spec.Addr, time.Second); err == nil {
+				conn.Close()
+				close(up)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		resp, err := client.Get(p.URL() + p.spec.ReadyPath)
 		if err == nil {
