@@ -109,8 +109,11 @@ func setupTasks(t testing.TB, qcfg fake.Config) *bundle {
 	t.Cleanup(func() { stop(); <-done })
 
 	ts := &tasksSide{queue: q, queueCfg: qcfg, client: tasks.NewClient(api.URL, 5*time.Second), front: newPushFront(t)}
+	// The publisher's window is what the relay's after_window waits out
+	// from the create; the queue's starts when the task ran. The margin is
+	// the time to run it on a loaded machine.
 	ts.cfg = events.TasksConfig{QueueURL: api.URL, PushURL: ts.front.srv.URL + strings.TrimSuffix(events.PushPath, "/"),
-		PushToken: pushToken, DispatchDeadline: qcfg.DispatchDeadline, DedupeWindow: qcfg.DedupeWindow}
+		PushToken: pushToken, DispatchDeadline: qcfg.DispatchDeadline, DedupeWindow: qcfg.DedupeWindow + 3*time.Second}
 	pub, err := events.NewTasks(ts.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -256,8 +259,9 @@ func TestTasksPushTimedOutAfterCommitIsAnsweredAsDone(t *testing.T) {
 		task, err = b.tasks.client.Get(ctx, name)
 		return err == nil && task.State == tasks.StateSucceeded
 	})
-	if len(task.Attempts) != 2 || task.Attempts[0].Status.Code != 0 || task.Attempts[1].Status.Code != http.StatusOK {
-		t.Fatalf("attempts = %+v; want a push with no answer, then one answered 200", task.Attempts)
+	n := len(task.Attempts)
+	if n < 2 || task.Attempts[0].Status.Code != 0 || task.Attempts[n-1].Status.Code != http.StatusOK {
+		t.Fatalf("attempts = %+v; want a push with no answer, then (a loaded machine may time out more) one answered 200", task.Attempts)
 	}
 	var outcome, detail string
 	b.db.Pool.QueryRow(ctx, `
@@ -265,6 +269,13 @@ func TestTasksPushTimedOutAfterCommitIsAnsweredAsDone(t *testing.T) {
 		 WHERE event_id = $1 AND consumer = 'ledger' AND attempt = 2`, ids[0]).Scan(&outcome, &detail)
 	if outcome != events.OutcomeDuplicate || !strings.Contains(detail, "retry 1") {
 		t.Errorf("the retried push: %q (%q), want duplicate at retry 1", outcome, detail)
+	}
+	var applied int
+	b.db.Pool.QueryRow(ctx, `
+		SELECT count(*) FROM event_deliveries
+		 WHERE event_id = $1 AND consumer = 'ledger' AND outcome = 'applied'`, ids[0]).Scan(&applied)
+	if applied != 1 {
+		t.Errorf("the ledger applied the event %d times over %d pushes, want once", applied, n)
 	}
 	b.assertOnce(t, ids)
 }
@@ -286,10 +297,7 @@ func TestTasksNameReusedAfterWindowIsANewTaskTheInboxHolds(t *testing.T) {
 	for i, id := range ids {
 		ms[i] = events.Message{ID: id, Type: events.TypePolicyCancelled, Key: "policy:1", Payload: []byte(`{}`)}
 	}
-	if r := b.pub.Publish(ctx, ms); r[0].Err != nil || !r[0].Duplicate {
-		t.Fatalf("inside the window = %+v, want refused by the queue", r[0])
-	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // the window, from when the tasks ran (inside it: TestTasksRelayCrash…)
 	for i, r := range b.pub.Publish(ctx, ms) {
 		if r.Err != nil || r.Duplicate {
 			t.Fatalf("after the window, event %d = %+v, want new tasks", i, r)
@@ -318,7 +326,7 @@ func TestInjectorModesOnTasks(t *testing.T) {
 			t.Parallel()
 			cfg := fake.Config{}
 			if mode == events.AfterWindow {
-				cfg.DedupeWindow = 300 * time.Millisecond // the copy is created once the first task ran and the window passed
+				cfg.DedupeWindow = 100 * time.Millisecond // the copy is created once the first task ran and the window passed
 			}
 			b := setupTasks(t, cfg)
 			checkInjectedMode(t, b, mode, func(ctx context.Context) *events.Relay {
