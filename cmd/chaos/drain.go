@@ -10,10 +10,15 @@ import (
 )
 
 // backlog is what the system still has to do after the heal: operations
-// live or waiting for a person, keys in progress, events not yet applied
-// by every consumer.
+// live or waiting for a person that recovery will ask again, keys in
+// progress, events not yet applied by every consumer. An operation waiting
+// for a person with no next question (a refund refused after the policy
+// was cancelled: a definite answer, and what was done elsewhere stands) is
+// a person's by design: the drain does not wait for it, the last-resort
+// check judges it.
 type backlog struct {
 	live, waiting, keys int64
+	decided             int64 // waiting for a person, never asked again
 	pending, unapplied  int64
 }
 
@@ -22,8 +27,8 @@ func (b backlog) empty() bool {
 }
 
 func (b backlog) String() string {
-	return fmt.Sprintf("%d operations live, %d waiting for a person, %d keys in progress, %d events pending, %d deliveries to consumers missing",
-		b.live, b.waiting, b.keys, b.pending, b.unapplied)
+	return fmt.Sprintf("%d operations live, %d waiting for a person to be asked again (and %d for a person's decision), %d keys in progress, %d events pending, %d deliveries to consumers missing",
+		b.live, b.waiting, b.decided, b.keys, b.pending, b.unapplied)
 }
 
 // readBacklog asks GET /api/v1/invariants for the counts and GET
@@ -57,6 +62,26 @@ func (r *chaosRun) readBacklog(ctx context.Context) (backlog, error) {
 		waiting: ops["NEEDS_RECONCILIATION"],
 		keys:    inv.Counts.KeysInProgress,
 		pending: ev.Overview.Pending,
+	}
+	if b.waiting > 0 {
+		// The list shows the 100 longest waiting: below that it is all of
+		// them, and those with no next question are left to a person.
+		var waiting struct {
+			Items []struct {
+				NextAttemptAt *time.Time `json:"next_attempt_at"`
+			} `json:"items"`
+		}
+		if err := workload.Call(ctx, app, adminToken, http.MethodGet, "/api/v1/admin/reconciliation", nil, &waiting); err != nil {
+			return backlog{}, err
+		}
+		if int64(len(waiting.Items)) == b.waiting {
+			for _, w := range waiting.Items {
+				if w.NextAttemptAt == nil {
+					b.waiting--
+					b.decided++
+				}
+			}
+		}
 	}
 	for _, c := range ev.Overview.Consumers {
 		b.unapplied += max(ev.Overview.Sent-c.Applied, 0)
