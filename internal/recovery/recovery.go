@@ -171,6 +171,15 @@ func (b Budget) ReaskAfter(n int) time.Duration {
 	return doubling(b.ReaskInterval, n-1, max(b.MaxBackoff, b.ReaskInterval))
 }
 
+// ReaskAfterWaiting is the wait before the next question to an operation
+// that has waited for a person for waited: as long again — so the
+// questions come at the re-ask interval, doubling from when it began to
+// wait — at least ReaskInterval, at most MaxBackoff (or ReaskInterval when
+// that is larger).
+func (b Budget) ReaskAfterWaiting(waited time.Duration) time.Duration {
+	return min(max(waited, b.ReaskInterval), max(b.MaxBackoff, b.ReaskInterval))
+}
+
 func doubling(base time.Duration, times int, limit time.Duration) time.Duration {
 	d := base
 	for i := 0; i < times && (limit <= 0 || d < limit) && d < time.Hour; i++ {

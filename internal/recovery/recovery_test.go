@@ -897,6 +897,62 @@ func TestAnOperationWaitingForAPersonIsAskedAgainAndFinished(t *testing.T) {
 	checkInvariants(t, b.db)
 }
 
+// The questions to an operation waiting for a person come at the re-ask
+// interval, doubling from when it began to wait — not from its attempts: a
+// chaos run's operations that came to a person after 9 attempts (of 5)
+// were asked once after 30 s and then only after 5 minutes, and the drain
+// found them still waiting with their truth long known.
+func TestReaskingCountsFromWhenTheWaitBegan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pid := b.policyIDs[0]
+	b.setFaults(t, faults{mode: fake.ModeLostResponse, idempotent: false})
+	b.cancelCrashingAt(t, pid, none)
+	b.setFaults(t, faults{mode: fake.ModeOK, idempotent: false, statusMode: fake.StatusError})
+	b.believe(t, false)
+	l := b.loop(t, "app-2", func(c *recovery.Config) {
+		c.MaxPolls, c.MaxAttempts, c.ReaskInterval, c.MaxBackoff = 1, 1, time.Minute, time.Hour
+	})
+	b.settle(t, l)
+	waiting := b.operation(t, pid)
+	if waiting.Status != workflow.StatusNeedsReconciliation || waiting.NextAttemptAt == nil {
+		t.Fatalf("not waiting for a person with a next question: %+v", waiting)
+	}
+	// It came to a person after many attempts, as in the chaos run.
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE operations SET attempts = 9 WHERE id = $1`, waiting.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Due; the provider still cannot be asked: the next question comes one
+	// interval later (it has waited less than one), not 2^8 intervals.
+	l.engine.Clock().Set(time.Now().Add(2 * time.Minute))
+	asked := time.Now()
+	if c, err := l.RunOnce(ctx); err != nil || c.Reasked != 1 {
+		t.Fatalf("re-ask pass %+v %v", c, err)
+	}
+	still := b.operation(t, pid)
+	if still.Status != workflow.StatusNeedsReconciliation || still.NextAttemptAt == nil {
+		t.Fatalf("after an unanswered question: %+v", still)
+	}
+	if next := still.NextAttemptAt.Sub(asked); next > 2*time.Minute {
+		t.Fatalf("next question %s after the first; want about the re-ask interval (1m): it has waited only seconds", next.Round(time.Second))
+	}
+
+	// Waiting since 20 minutes: the next question 20 minutes on (doubling).
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE operations SET updated_at = now() - interval '20 minutes', next_attempt_at = now() WHERE id = $1`, waiting.ID); err != nil {
+		t.Fatal(err)
+	}
+	asked = time.Now()
+	if c, err := l.RunOnce(ctx); err != nil || c.Reasked != 1 {
+		t.Fatalf("second re-ask pass %+v %v", c, err)
+	}
+	still = b.operation(t, pid)
+	if next := still.NextAttemptAt.Sub(asked); next < 19*time.Minute || next > 22*time.Minute {
+		t.Fatalf("after 20 minutes of waiting the next question comes %s later; want about 20m", next.Round(time.Second))
+	}
+}
+
 // One last status query precedes every hand-over to a person: the event
 // that sends the operation to reconciliation is preceded, in the log of
 // calls, by a status query made by the same worker after its last call.

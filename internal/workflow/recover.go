@@ -498,11 +498,16 @@ func (a *attempt) takeBack(ctx context.Context, why string) (bool, error) {
 	return taken, err
 }
 
-// stillWaiting records the unanswered question and when the next comes.
-// It changes neither the status nor updated_at: a person's open decision
-// form stays valid.
+// stillWaiting records the unanswered question and when the next comes:
+// after as long again as the operation has waited for a person (since its
+// updated_at, which neither a claim nor a question moves). It changes
+// neither the status nor updated_at: a person's open decision form stays
+// valid. (Counted from its attempts instead, an operation that came to a
+// person after more attempts than the budget — 9 of 5 in a chaos run —
+// started its questions far up the ladder: asked after 30 s, then only
+// after 5 min, long after its truth was known.)
 func (a *attempt) stillWaiting(ctx context.Context) error {
-	reasks := a.r.op.Attempts - a.budget.MaxAttempts + 1
+	next := time.Now().Add(a.budget.ReaskAfterWaiting(time.Since(a.r.op.UpdatedAt)))
 	return a.r.inTx(ctx, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
 			UPDATE operations
@@ -510,7 +515,7 @@ func (a *attempt) stillWaiting(ctx context.Context) error {
 			       attempts = attempts + 1
 			 WHERE id = $1
 			   AND status = 'NEEDS_RECONCILIATION' -- a person may have decided meanwhile: then nothing`,
-			a.r.op.ID, a.reaskAt(max(reasks, 1)))
+			a.r.op.ID, next)
 		return err
 	})
 }
