@@ -147,7 +147,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView) (views.Ope
 		if err != nil {
 			return views.OperationDetail{}, err
 		}
-		kind, subject = sagaKind(v.Type), fmt.Sprintf("booking #%d (%s, %s)", bk.ID, bk.Resource, bk.StartsAt.UTC().Format("Mon 2 Jan 15:04"))
+		kind, subject = sagaKind(v.Type), fmt.Sprintf("%s, %s", bk.Resource, bk.StartsAt.UTC().Format("Mon 2 Jan 15:04"))
 	} else {
 		pol, err := app.policies.Get(ctx, v.UserID, v.PolicyID)
 		if err != nil {

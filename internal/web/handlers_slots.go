@@ -63,7 +63,7 @@ func (app *App) handleSlotsPage(c echo.Context) error {
 		mineBySlot[b.SlotID] = b.ID
 	}
 	p := app.page(c, "Slots", "slots")
-	vm := views.SlotsView{Grids: slotGrids(all, mineBySlot, u.IsAdmin()), Mine: len(mine)}
+	vm := views.SlotsView{Grids: slotGrids(all, mineBySlot, u.IsAdmin()), Mine: len(mineBySlot)}
 	if notice := c.QueryParam("notice"); notice != "" {
 		slotID, _ := strconv.ParseInt(c.QueryParam("slot"), 10, 64)
 		var subject *slots.Slot

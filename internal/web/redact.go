@@ -5,6 +5,7 @@ import (
 	"regexp"
 
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -31,13 +32,37 @@ var refundSummaries = map[string]string{
 	workflow.StatusNeedsReconciliation: "The policy is cancelled; the refund could not be confirmed, and a person is checking it.",
 }
 
+// depositSummaries and depositRefundSummaries are the deposit saga's
+// (internal/slots/deposit.go): booking a slot that needs a deposit, and
+// cancelling such a booking.
+var depositSummaries = map[string]string{
+	workflow.StatusInProgress:          "The payments service's answer about your deposit is not known yet; the slot stays held for you meanwhile.",
+	workflow.StatusRecovering:          "The deposit's outcome is being found out automatically; the slot stays held for you meanwhile.",
+	workflow.StatusFailed:              "The deposit was declined, so the hold was released. Nothing was charged; you may try again.",
+	workflow.StatusNeedsReconciliation: "The deposit's outcome could not be confirmed; a person is checking it. The slot stays held for you.",
+}
+
+var depositRefundSummaries = map[string]string{
+	workflow.StatusInProgress:          "The refund's answer is not known yet; the booking stands until the refund is confirmed.",
+	workflow.StatusRecovering:          "The refund is being settled automatically; the booking stands until it is confirmed.",
+	workflow.StatusFailed:              "The refund was refused, so the booking stands. You may try again.",
+	workflow.StatusNeedsReconciliation: "The refund could not be confirmed; a person is checking it. The booking stands meanwhile.",
+}
+
 // customerOperation is op as its customer sees it: the summary for its
 // status instead of last_error, addresses out of its steps' answers.
 func customerOperation(op workflow.Operation) workflow.Operation {
 	if op.LastError != nil {
 		summaries := customerSummaries
-		if s, ok := op.Step(policies.StepProviderCancel); ok && s.State == workflow.StepDone {
-			summaries = refundSummaries
+		switch {
+		case op.Type == slots.OperationBookDeposit:
+			summaries = depositSummaries
+		case op.Type == slots.OperationCancelDeposit:
+			summaries = depositRefundSummaries
+		default:
+			if s, ok := op.Step(policies.StepProviderCancel); ok && s.State == workflow.StepDone {
+				summaries = refundSummaries
+			}
 		}
 		s, ok := summaries[op.Status]
 		if !ok {
