@@ -66,6 +66,9 @@ func loadDataset(ctx context.Context, c *client, cfg config) (*dataset, error) {
 			} `json:"users"`
 		}
 		in := map[string]int{"users": cfg.Users, "policies_per_user": cfg.PoliciesPerUser, "slots": cfg.Slots}
+		if scenarios[cfg.Scenario].depositSlots {
+			in["slots"], in["deposit_slots"] = 1, cfg.Slots // one plain slot: a dataset needs one
+		}
 		if err := c.admin(ctx, "POST", "/api/v1/admin/reset", in, &out); err != nil {
 			return nil, fmt.Errorf("reset (does the app run with DEMO_MODE=true?): %w", err)
 		}
@@ -99,7 +102,11 @@ func loadDataset(ctx context.Context, c *client, cfg config) (*dataset, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		slotIDs, errs[len(d.customers)] = listIDs(ctx, c, c.adminTo, "/api/v1/slots?")
+		path := "/api/v1/slots?"
+		if scenarios[cfg.Scenario].depositSlots {
+			path = "/api/v1/slots?deposit=true&" // the deposit saga's slots only
+		}
+		slotIDs, errs[len(d.customers)] = listIDs(ctx, c, c.adminTo, path)
 	}()
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

@@ -203,6 +203,59 @@ func raceBook(ctx context.Context, w *worker) error {
 	return nil
 }
 
+// depositBook: a random user books a random deposit slot, stormed (every
+// answer for the key must agree, a 202 replayed as stored); a 201 winner
+// cancels it — the reverse saga, refund then release — stormed too. 402
+// (declined), 409 slot-held and slot-taken are answers, not errors.
+//
+// A 202 (the charge's outcome unknown) is followed up as a client would:
+// the booking is read until the saga ends — recovery finishes it — and a
+// confirmed one is cancelled too, so the few slots keep changing hands.
+func depositBook(ctx context.Context, w *worker) error {
+	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]
+	a := w.storm(ctx, bookRequest(w.d.slots[w.rng.IntN(len(w.d.slots))], cu.token, w.newKey()))
+	id, ok := createdID(a)
+	if !ok && a.status == http.StatusAccepted {
+		id, ok = w.awaitConfirmed(ctx, a, cu.token)
+	}
+	if !ok {
+		return nil
+	}
+	sleep(ctx, time.Duration(w.rng.IntN(20))*time.Millisecond)
+	for range 3 { // a refused refund leaves the booking standing: ask again, new key
+		if c := w.storm(ctx, releaseRequest(id, cu.token, w.newKey())); c.status == http.StatusOK || c.status == http.StatusAccepted {
+			break
+		}
+	}
+	return nil
+}
+
+// awaitConfirmed reads the booking a 202 named until its deposit saga
+// ends (bounded), and returns its id when it is CONFIRMED.
+func (w *worker) awaitConfirmed(ctx context.Context, a answer, token string) (int64, bool) {
+	var b struct {
+		ID     int64  `json:"id"`
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(a.body, &b) != nil || b.ID == 0 {
+		return 0, false
+	}
+	for range 50 {
+		sleep(ctx, 100*time.Millisecond)
+		r := w.c.send(ctx, request{method: http.MethodGet, path: fmt.Sprintf("/api/v1/bookings/%d", b.ID), token: token})
+		if r.status != http.StatusOK || json.Unmarshal(r.body, &b) != nil {
+			return 0, false
+		}
+		switch b.Status {
+		case "CONFIRMED":
+			return b.ID, true
+		case "FAILED", "CANCELLED":
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
 // bookAndRelease: raceBook without the hold — the unit bench measures.
 func bookAndRelease(ctx context.Context, w *worker) error {
 	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]

@@ -35,10 +35,12 @@ func TestScenariosAgainstTheRealApp(t *testing.T) {
 		{"replay", "1s"},
 		{"book", "1s"},
 		{"book-free", "1s"},
+		{"deposit", "2s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.scenario, func(t *testing.T) {
 			var out bytes.Buffer
+			defer func() { t.Logf("%s", out.String()) }()
 			err := run(t.Context(), []string{
 				"-url", url, "-scenario", tc.scenario, "-duration", tc.duration,
 				"-concurrency", "4", "-users", "20", "-policies-per-user", "30", "-slots", "4",
@@ -87,6 +89,7 @@ func startApp(t *testing.T) string {
 		"LOG_LEVEL=warn",
 		// a dropped provider call costs this, not 2 s
 		"PROVIDER_TIMEOUT=1s",
+		"PAYMENTS_TIMEOUT=1s",
 		// recovery drains what the timeouts scenario leaves in seconds
 		"OPERATION_LEASE=2s",
 		"RECOVERY_INTERVAL=200ms",

@@ -51,6 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("set provider faults: %w", err)
 		}
 	}
+	if sc.paymentsFaults != nil {
+		if err := c.admin(ctx, "PUT", "/api/v1/payments/faults", sc.paymentsFaults, nil); err != nil {
+			return fmt.Errorf("set payments faults: %w", err)
+		}
+	}
 	if sc.prepare != nil {
 		if err := sc.prepare(ctx, r); err != nil {
 			return err
@@ -66,6 +71,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if sc.faults != nil {
 		if err := c.admin(ctx, "PUT", "/api/v1/provider/faults", healthyProvider, nil); err != nil {
 			return fmt.Errorf("heal provider: %w", err)
+		}
+	}
+	if sc.paymentsFaults != nil {
+		if err := c.admin(ctx, "PUT", "/api/v1/payments/faults", healthyProvider, nil); err != nil {
+			return fmt.Errorf("heal payments: %w", err)
 		}
 	}
 	res.settle, err = waitSettled(ctx, c, cfg.Settle)

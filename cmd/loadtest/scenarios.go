@@ -13,8 +13,13 @@ type scenario struct {
 	about string
 	// faults is PUT to /api/v1/provider/faults before the run and healed
 	// (provider ok) after it; nil leaves the provider as it is.
-	faults  map[string]any
-	intents []weighted
+	faults map[string]any
+	// paymentsFaults is the same for the payments service.
+	paymentsFaults map[string]any
+	// depositSlots: the reset makes -slots slots that need a deposit (the
+	// deposit saga), and the workload books only those.
+	depositSlots bool
+	intents      []weighted
 	// prepare, when set, runs before the clock starts (unrecorded).
 	prepare func(ctx context.Context, r *runState) error
 }
@@ -41,6 +46,14 @@ var flakyProvider = map[string]any{
 }
 
 var healthyProvider = map[string]any{"mode": "ok", "idempotent": true}
+
+// flakyPayments declines some deposits, times out on others (never
+// arrived, charged but the answer lost, still running): each must end in
+// the right state — a hold released only for a charge known not to exist.
+var flakyPayments = map[string]any{
+	"mode": "flaky", "idempotent": true, "slow_ms": 1000,
+	"weights": map[string]int{"ok": 5, "reject": 2, "error": 1, "drop": 1, "lost_response": 1, "slow": 2},
+}
 
 var scenarios = map[string]*scenario{
 	"retry-storm": {order: 1,
@@ -74,6 +87,12 @@ var scenarios = map[string]*scenario{
 	"book-free": {order: 9,
 		about:   "each slot booked once, by one request with one key: bookings that never contend (use many -slots)",
 		intents: []weighted{{1, bookFreeSlot}}},
+	"deposit": {order: 10,
+		about: "many users book a few slots that need a deposit (the saga: hold, charge, confirm) with payments flaky, " +
+			"stormed; winners cancel (refund, then release); healed at the end, recovery drains, then the invariants",
+		paymentsFaults: flakyPayments,
+		depositSlots:   true,
+		intents:        []weighted{{3, depositBook}, {1, doubleClickBook}}},
 }
 
 // pick draws one of the scenario's intents by weight.

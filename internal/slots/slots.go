@@ -54,7 +54,10 @@ func NewStore(db database.DBTX) *Store { return &Store{db: db} }
 
 // ListFilter narrows List. Status "" means any; AfterID is the cursor.
 type ListFilter struct {
-	Status  string
+	Status string
+	// Deposit, when set, keeps only the slots that need a deposit (true)
+	// or only those that do not (false).
+	Deposit *bool
 	AfterID int64
 	Limit   int
 }
@@ -65,9 +68,10 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]Slot, error) {
 		SELECT `+slotColumns+`
 		  FROM slots
 		 WHERE ($1 = '' OR status = $1)
+		   AND ($4::boolean IS NULL OR (deposit_cents IS NOT NULL) = $4)
 		   AND id > $2
 		 ORDER BY id
-		 LIMIT $3`, f.Status, f.AfterID, f.Limit)
+		 LIMIT $3`, f.Status, f.AfterID, f.Limit, f.Deposit)
 	if err != nil {
 		return nil, fmt.Errorf("slots: list: %w", err)
 	}

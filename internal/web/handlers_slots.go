@@ -15,7 +15,7 @@ import (
 	"github.com/idemlab/idemlab/views"
 )
 
-// handleListSlots: GET /api/v1/slots?status=&limit=&cursor=
+// handleListSlots: GET /api/v1/slots?status=&deposit=&limit=&cursor=
 func (app *App) handleListSlots(c echo.Context) error {
 	lp, err := parseListParams(c)
 	if err != nil {
@@ -25,7 +25,16 @@ func (app *App) handleListSlots(c echo.Context) error {
 	if status != "" && status != slots.StatusAvailable && status != slots.StatusHeld && status != slots.StatusBooked {
 		return invalidParam("status", "status must be AVAILABLE, HELD or BOOKED")
 	}
-	rows, err := app.slots.List(c.Request().Context(), slots.ListFilter{Status: status, AfterID: lp.AfterID, Limit: lp.Limit + 1})
+	var deposit *bool
+	switch c.QueryParam("deposit") {
+	case "":
+	case "true", "false":
+		d := c.QueryParam("deposit") == "true"
+		deposit = &d
+	default:
+		return invalidParam("deposit", "deposit must be true or false")
+	}
+	rows, err := app.slots.List(c.Request().Context(), slots.ListFilter{Status: status, Deposit: deposit, AfterID: lp.AfterID, Limit: lp.Limit + 1})
 	if err != nil {
 		return err
 	}
