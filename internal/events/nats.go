@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -141,14 +142,23 @@ type ConsumerConfig struct {
 	// RetryAfter is the wait before a delivery whose transaction failed is
 	// redelivered. Default 1s.
 	RetryAfter time.Duration
-	Injector   *Injector
-	Logger     *slog.Logger
+	// Workers is how many deliveries one NATS consumer instance handles at
+	// once (Run; runOnce handles its batch in turn). Default 16, as River's
+	// per queue. One at a time, a consumer's commits queued one behind the
+	// other and fell behind the app's cancellation rate: the lag grew for
+	// the whole of a loaded run (p99 7.5 s). Each delivery is acked on its
+	// own, and no consumer depends on the order of events. Kafka's consumer
+	// ignores it: its offsets commit in order.
+	Workers  int
+	Injector *Injector
+	Logger   *slog.Logger
 }
 
 func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	c.Batch = cmp.Or(c.Batch, 50)
 	c.Wait = cmp.Or(c.Wait, time.Second)
 	c.RetryAfter = cmp.Or(c.RetryAfter, time.Second)
+	c.Workers = cmp.Or(c.Workers, 16)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -203,6 +213,11 @@ func (c *NATSConsumer) consume(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	// Up to Workers deliveries at once; stopping waits for those in flight
+	// (a delivery cut short is not acked, so it comes again).
+	workers := make(chan struct{}, c.cfg.Workers)
+	var inFlight sync.WaitGroup
+	defer inFlight.Wait()
 	for {
 		msg, err := it.Next()
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
@@ -212,7 +227,11 @@ func (c *NATSConsumer) consume(ctx context.Context) error {
 			it.Stop()
 			return err
 		}
-		c.deliver(ctx, msg)
+		workers <- struct{}{}
+		inFlight.Go(func() {
+			defer func() { <-workers }()
+			c.deliver(ctx, msg)
+		})
 	}
 }
 
