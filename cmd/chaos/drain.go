@@ -19,6 +19,7 @@ import (
 type backlog struct {
 	live, waiting, keys int64
 	decided             int64 // waiting for a person, never asked again
+	unsorted            bool  // more waiting than the list shows: not told apart
 	pending, unapplied  int64
 }
 
@@ -27,8 +28,12 @@ func (b backlog) empty() bool {
 }
 
 func (b backlog) String() string {
-	return fmt.Sprintf("%d operations live, %d waiting for a person to be asked again (and %d for a person's decision), %d keys in progress, %d events pending, %d deliveries to consumers missing",
-		b.live, b.waiting, b.decided, b.keys, b.pending, b.unapplied)
+	waiting := fmt.Sprintf("%d waiting for a person to be asked again (and %d for a person's decision)", b.waiting, b.decided)
+	if b.unsorted {
+		waiting = fmt.Sprintf("%d waiting for a person (more than the 100 the list shows: asked again or a person's decision, not told apart)", b.waiting)
+	}
+	return fmt.Sprintf("%d operations live, %s, %d keys in progress, %d events pending, %d deliveries to consumers missing",
+		b.live, waiting, b.keys, b.pending, b.unapplied)
 }
 
 // readBacklog asks GET /api/v1/invariants for the counts and GET
@@ -74,7 +79,8 @@ func (r *chaosRun) readBacklog(ctx context.Context) (backlog, error) {
 		if err := workload.Call(ctx, app, adminToken, http.MethodGet, "/api/v1/admin/reconciliation", nil, &waiting); err != nil {
 			return backlog{}, err
 		}
-		if int64(len(waiting.Items)) == b.waiting {
+		b.unsorted = int64(len(waiting.Items)) < b.waiting
+		if !b.unsorted {
 			for _, w := range waiting.Items {
 				if w.NextAttemptAt == nil {
 					b.waiting--
