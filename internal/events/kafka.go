@@ -266,6 +266,13 @@ func (c *KafkaConsumer) join() (*kgo.Client, error) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // a new group reads the topic from its start
 		kgo.DisableAutoCommit(),                           // offsets are committed after the effect (handle)
 		kgo.SessionTimeout(kc.SessionTimeout),
+		// A rebalance waits this long for every member to rejoin. The
+		// default minute outlives the clients' own join timeouts once
+		// members die and restart: each retried join restarts the wait
+		// and the group never settles (seen with kfake under chaos:
+		// JoinGroup i/o timeouts for the whole drain). A member that has
+		// not rejoined within a session timeout is as good as gone.
+		kgo.RebalanceTimeout(kc.SessionTimeout),
 		kgo.HeartbeatInterval(min(kc.SessionTimeout/5, time.Second)),
 		kgo.FetchMaxWait(c.cfg.Wait),
 	)
