@@ -1059,6 +1059,61 @@ func TestALoopWithEveryPlaceTakenClaimsAgainWhenOneFrees(t *testing.T) {
 	checkInvariants(t, b.db)
 }
 
+// An operation is claimable from when both its lease and its backoff are
+// over: the lag is measured from the longest claimable, the claim takes
+// the longest claimable first, and one still backing off is neither —
+// however long ago its lease ran out. (Ordered by the lease, the claim took
+// the operation whose lease ran out first, though it had become claimable
+// only lately, and the lag read every live row.)
+func TestTheClaimAndTheLagGoByWhenAnOperationBecameClaimable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	seedStale(t, b, 3)
+	now := time.Now().Truncate(time.Second)
+	var ids []int64
+	if err := b.db.Pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM operations`).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	set := func(id int64, lease, next time.Duration, hasNext bool) {
+		t.Helper()
+		var at *time.Time
+		if hasNext {
+			v := now.Add(next)
+			at = &v
+		}
+		if _, err := b.db.Pool.Exec(ctx, `UPDATE operations SET lease_expires_at = $2, next_attempt_at = $3 WHERE id = $1`,
+			id, now.Add(lease), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(ids[0], -10*time.Minute, -30*time.Second, true) // lease over long ago, backoff over 30 s ago
+	set(ids[1], -time.Minute, 0, false)                 // lease over a minute ago, no backoff
+	set(ids[2], -20*time.Minute, time.Minute, true)     // still backing off
+	b.engine.Clock().Set(now)
+
+	age, err := b.engine.StaleAge(ctx)
+	if err != nil || age != time.Minute {
+		t.Fatalf("lag %s (%v), want 1m0s: claimable a minute ago, the backed-off one not at all", age, err)
+	}
+	claims, err := b.engine.ClaimStale(ctx, recovery.ClaimRequest{Strategy: recovery.SkipLocked, Actor: "the test", Lease: time.Minute, Limit: 1})
+	if err != nil || len(claims) != 1 || claims[0].ID != ids[1] {
+		t.Fatalf("first claim %v (%v), want operation %d, claimable longest", claimedIDs(claims), err, ids[1])
+	}
+	claims, err = b.engine.ClaimStale(ctx, recovery.ClaimRequest{Strategy: recovery.Transition, Actor: "the test", Lease: time.Minute, Limit: 5})
+	if err != nil || len(claims) != 1 || claims[0].ID != ids[0] {
+		t.Fatalf("next claims %v (%v), want only operation %d: %d is backing off", claimedIDs(claims), err, ids[0], ids[2])
+	}
+}
+
+func claimedIDs(claims []recovery.Claim) []int64 {
+	ids := make([]int64, len(claims))
+	for i, c := range claims {
+		ids[i] = c.ID
+	}
+	return ids
+}
+
 // Two recovery loops racing on the same stale workflows: each operation is
 // claimed by one of them, and every call of each of its steps is made by
 // that one owner (the calls' owner tokens), never by both.
