@@ -3,8 +3,8 @@ package events
 import "errors"
 
 // The consumers. Each has its own inbox rows, its own durable consumer on
-// NATS and its own River queue, so one consumer's failures never hold up
-// the other's deliveries.
+// NATS, its own River queue, its own Kafka consumer group and its own task
+// queue, so one consumer's failures never hold up the other's deliveries.
 const (
 	// ConsumerNotifications writes the customer's message into the mailbox.
 	ConsumerNotifications = "notifications"

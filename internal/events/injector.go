@@ -21,8 +21,9 @@ type Mode string
 
 const (
 	// DeliverTwice: the event is handed to the transport twice. NATS drops
-	// the copy inside its dedupe window (the broker layer catches it); River
-	// runs the job again (the inbox catches it).
+	// the copy inside its dedupe window and the task queue refuses the
+	// copy's task name (the broker layer catches it); River runs the job
+	// again and Kafka stores a second record (the inbox catches it).
 	DeliverTwice Mode = "deliver_twice"
 	// FailAfterCommit: the handler commits its effect, then reports failure
 	// instead of acknowledging; the transport redelivers.
