@@ -28,6 +28,8 @@ type Page struct {
 	CSRF string
 	// Flash is a one-line message shown above the content.
 	Flash string
+	// Waiting is how many operations wait for a person (admins: the nav's badge).
+	Waiting int
 }
 
 // User is the signed-in user as the layout shows it.

@@ -148,7 +148,7 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 	}
 
 	var notice string
-	first := fmt.Sprintf(`[data-testid="reconcile-%d"] [data-testid="resolve-mark_cancelled"] button`, ids[0])
+	first := fmt.Sprintf(`[data-testid="reconcile-%d"] [data-testid="resolve-mark_done"] button`, ids[0])
 	err = chromedp.Run(ctx,
 		chromedp.Navigate(s.URL+"/signin"),
 		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),

@@ -108,7 +108,7 @@ func isDeadlock(err error) bool {
 func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, today time.Time) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE sessions, audit_entries, operation_calls, operation_steps, operation_events, operations,
+			TRUNCATE sessions, audit_entries, reconciliation_decisions, operation_calls, operation_steps, operation_events, operations,
 			         idempotency_keys, bookings, slots, policies, users,
 			         -- the events of the data wiped, and what the consumers made of them
 			         outbox, event_publishes, event_deliveries, inbox, mailbox, ledger_entries, ledger_days,

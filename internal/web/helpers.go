@@ -31,6 +31,9 @@ func (app *App) page(c echo.Context, title, nav string) views.Page {
 	p := views.Page{Title: title, Nav: nav, CSRF: csrfToken(c)}
 	if u, ok := userFrom(c); ok {
 		p.User = &views.User{Name: u.Name, IsAdmin: u.IsAdmin()}
+		if u.IsAdmin() {
+			p.Waiting, _ = app.engine.CountWaiting(c.Request().Context()) // the badge; 0 if the count fails
+		}
 	}
 	return p
 }

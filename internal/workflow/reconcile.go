@@ -1,10 +1,12 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,7 +72,38 @@ type ResolveRequest struct {
 	SeenUpdatedAt time.Time // the operation's updated_at as shown
 	Actor         string    // "admin (request … on app-1)"
 	Note          string    // why, in their words (optional)
+	// DecidedBy names the person (their user name) in the audit trail.
+	DecidedBy string
+	// TruthSeen is the truth now the page showed ("" or UNKNOWN: no answer).
+	TruthSeen string
+	// Desk is how the evidence is read: the advice Resolve checks the
+	// decision against is the one the desk shows.
+	Desk DeskConfig
+	// BatchSize is how many decisions the person made with this one click.
+	BatchSize int
+	// OnlyIfSuggested: apply only where the truth now makes this very
+	// decision unambiguous (a bulk decision); otherwise not_allowed.
+	OnlyIfSuggested bool
 }
+
+// Decided is the outcome of one decision of a batch.
+type Decided struct {
+	OperationID int64  `json:"operation_id"`
+	Decision    string `json:"decision"`
+	// Outcome: decided · state_changed (someone else, or recovery, got
+	// there first) · not_allowed (the evidence rules it out) · not_found
+	Outcome string `json:"outcome"`
+	Detail  string `json:"detail,omitempty"`
+	Status  string `json:"status,omitempty"` // the operation's status after the decision
+}
+
+// Outcomes of one decision of a batch.
+const (
+	OutcomeDecided      = "decided"
+	OutcomeStateChanged = "state_changed"
+	OutcomeNotAllowed   = "not_allowed"
+	OutcomeNotFound     = "not_found"
+)
 
 const sqlDecide = `
 UPDATE operations
@@ -183,6 +216,21 @@ func (e *Engine) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (Op
 	case req.Resolution == ResolveRetry && stuck.State == StepFailed:
 		return Operation{}, fmt.Errorf("%w: %s was refused definitely; the same call would be refused again", ErrResolutionNotAllowed, stuck.Name)
 	}
+	// The evidence as the desk reads it, in this transaction: a decision
+	// the latest status answer rules out is refused, whatever the page
+	// showed when it was rendered.
+	items, err := e.items(ctx, tx, req.Desk, []Operation{seen})
+	if err != nil {
+		return Operation{}, err
+	}
+	item := items[0]
+	if choice, ok := item.Advice.Action(string(req.Resolution)); ok && !choice.Enabled {
+		return Operation{}, fmt.Errorf("%w: %s", ErrResolutionNotAllowed, choice.Disabled)
+	}
+	if req.OnlyIfSuggested && (!item.Advice.Unambiguous || item.Advice.Suggested != string(req.Resolution)) {
+		return Operation{}, fmt.Errorf("%w: the truth now (%s) does not make %s unambiguous; decide it on its own card",
+			ErrResolutionNotAllowed, item.Truth(), req.Resolution)
+	}
 
 	r := e.runner(def, seen, req.Actor)
 	r.branch = BranchResolved
@@ -195,9 +243,12 @@ func (e *Engine) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (Op
 	}
 	took.Steps = seen.Steps
 	r.op, r.token = took, *took.OwnerToken
-	note := ""
+	note := fmt.Sprintf(" (by %s, seeing %s %s)", cmp.Or(req.DecidedBy, req.Actor), item.Facts.System, truthSeen(req.TruthSeen))
 	if req.Note != "" {
-		note = " — " + req.Note
+		note += " — " + req.Note
+	}
+	if err := recordDecision(ctx, tx, req, item); err != nil {
+		return Operation{}, err
 	}
 	decided, _ := json.Marshal(map[string]string{"decided_by": req.Actor, "decision": string(req.Resolution), "note": req.Note})
 
@@ -237,4 +288,75 @@ func (e *Engine) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (Op
 		return Operation{}, err
 	}
 	return r.op, r.flush(ctx, tx)
+}
+
+func truthSeen(t string) string {
+	if t == "" {
+		return TruthUnknown
+	}
+	return t
+}
+
+// recordDecision writes the decision's line of the audit trail, in the
+// decision's transaction.
+func recordDecision(ctx context.Context, tx pgx.Tx, req ResolveRequest, item Item) error {
+	var callID *int64
+	var truth *string
+	if c := item.NowCall; c != nil {
+		callID, truth = &c.ID, c.Truth
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO reconciliation_decisions (operation_id, step_key, decided_by, actor, decision, seen_updated_at,
+		                                      truth_seen, truth_call_id, truth_at_decision, suggested, batch_size, note)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		req.OperationID, item.Stuck.Key, cmp.Or(req.DecidedBy, req.Actor), req.Actor, string(req.Resolution), req.SeenUpdatedAt,
+		truthSeen(req.TruthSeen), callID, truth, item.Advice.Suggested, max(req.BatchSize, 1), req.Note)
+	if err != nil {
+		return fmt.Errorf("workflow: record the decision: %w", err)
+	}
+	return nil
+}
+
+// ResolveMany applies a batch of decisions — one click on the desk — in
+// one transaction: hooks.Begin, every decision in the order of the
+// operations' ids (two batches over the same operations lock them in the
+// same order, so they queue instead of deadlocking), hooks.Finish with the
+// outcomes. Each decision is conditional on the state its person saw, as
+// in Resolve: of two admins deciding the same items at once, one wins per
+// item and the other's outcome says state_changed. A refusal of one item
+// writes nothing for it and does not stop the others.
+func (e *Engine) ResolveMany(ctx context.Context, reqs []ResolveRequest, hooks Hooks[[]Decided]) ([]Decided, error) {
+	reqs = slices.Clone(reqs)
+	slices.SortFunc(reqs, func(a, b ResolveRequest) int { return cmp.Compare(a.OperationID, b.OperationID) })
+	reqs = slices.CompactFunc(reqs, func(a, b ResolveRequest) bool { return a.OperationID == b.OperationID })
+	var out []Decided
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		out = make([]Decided, 0, len(reqs))
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err
+		}
+		for _, req := range reqs {
+			req.BatchSize = len(reqs)
+			d := Decided{OperationID: req.OperationID, Decision: string(req.Resolution), Outcome: OutcomeDecided}
+			op, err := e.resolve(ctx, tx, req)
+			switch {
+			case errors.Is(err, ErrStateChanged):
+				d.Outcome, d.Detail = OutcomeStateChanged, err.Error()
+			case errors.Is(err, ErrNotFound):
+				d.Outcome, d.Detail = OutcomeNotFound, err.Error()
+			case errors.Is(err, ErrResolutionNotAllowed):
+				d.Outcome, d.Detail = OutcomeNotAllowed, err.Error()
+			case err != nil:
+				return err
+			default:
+				d.Status = op.Status
+			}
+			out = append(out, d)
+		}
+		return hooks.RunFinish(ctx, tx, out, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

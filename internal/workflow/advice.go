@@ -1,0 +1,280 @@
+package workflow
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/external"
+)
+
+// This file is what the reconciliation desk says about one operation that
+// waits for a person: why it is there, what its system said then and says
+// now, which decision the evidence points to and which it rules out. It is
+// one pure function (Advise) so that every sentence on a card is derived
+// from the same facts and a test can render every combination; the engine
+// refuses a decision Advise rules out (Resolve), so the page and the
+// server cannot disagree.
+
+// Reason is why recovery handed an operation to a person.
+type Reason string
+
+const (
+	// ReasonOutOfAttempts: recovery used its attempts without learning the
+	// step's outcome (the system could not be asked, or kept saying
+	// RUNNING, or a call could still have been on its way).
+	ReasonOutOfAttempts Reason = "out_of_attempts"
+	// ReasonRefused: the system refused the step definitely, and what the
+	// earlier steps did elsewhere stands (a cancelled policy whose refund
+	// is refused), so the operation cannot simply fail.
+	ReasonRefused Reason = "refused"
+	// ReasonInconsistent: the step was in a state recovery cannot resume
+	// from (recorded so by recovery).
+	ReasonInconsistent Reason = "inconsistent"
+)
+
+// Reasons lists every reason, for counts and filters.
+var Reasons = []Reason{ReasonOutOfAttempts, ReasonRefused, ReasonInconsistent}
+
+// ActionAskAgain asks the step's system for the truth of its key now and
+// records the answer; it decides nothing (Engine.AskAgain).
+const ActionAskAgain = "ask_again"
+
+// TruthUnknown is how a card names "no answer": the status query failed,
+// or nobody has asked yet. It is never a system's own answer.
+const TruthUnknown = "UNKNOWN"
+
+// Facts is everything Advise needs, read from the evidence (Engine.Evidence).
+type Facts struct {
+	Reason Reason
+	Step   string // the step the operation is stuck at
+	System string // the system it calls
+	// Then is the system's answer to the last status query before the
+	// hand-over; "" when it gave none (could not be asked) or none was made.
+	Then external.Truth
+	// Now is its answer to the latest status query; "" when it gave none.
+	Now external.Truth
+	// NowAt is when Now was asked (zero: never asked since the hand-over).
+	NowAt time.Time
+	// NowError is why the latest status query got no answer.
+	NowError string
+	// ArrivesUntil is the latest deadline any call for the step carried,
+	// plus the clock-skew margin: a call may arrive until then.
+	ArrivesUntil time.Time
+	// Idempotent: the app believes the system applies a repeated key once.
+	Idempotent bool
+	// CanFail: a refusal of this step fails the operation (nothing done
+	// elsewhere stands), so "mark failed" fits it.
+	CanFail bool
+	// Attempts and MaxAttempts, for the reason's sentence.
+	Attempts, MaxAttempts int
+}
+
+// NotStartedConclusive reports whether Now is a NOT_STARTED asked after
+// every earlier call's deadline plus the margin: no call can still arrive.
+func (f Facts) NotStartedConclusive() bool {
+	return f.Now == external.TruthNotStarted && !f.NowAt.IsZero() && !f.NowAt.Before(f.ArrivesUntil)
+}
+
+// Advice is a card's texts and buttons.
+type Advice struct {
+	Headline string `json:"headline"` // one line: what is waiting, and on whom
+	Why      string `json:"why"`      // why recovery handed it to a person
+	Then     string `json:"then"`     // the truth at the hand-over, in words
+	Now      string `json:"now"`      // the truth as last asked, in words
+	// Suggested is the action offered first ("" when none fits: the step
+	// must be done by hand); Suggestion is the one sentence saying why.
+	Suggested  string `json:"suggested"`
+	Suggestion string `json:"suggestion"`
+	// Unambiguous: the truth now decides it — the suggestion may be applied
+	// in bulk with other such items.
+	Unambiguous bool     `json:"unambiguous"`
+	Actions     []Choice `json:"actions"` // ask again, mark done, retry, mark failed — in that order
+}
+
+// Choice is one button on a card.
+type Choice struct {
+	Action   string `json:"action"` // ask_again | mark_done | retry | mark_failed
+	Label    string `json:"label"`
+	Enabled  bool   `json:"enabled"`
+	Disabled string `json:"disabled_because,omitempty"` // why the evidence rules it out (when !Enabled)
+}
+
+// Action returns the choice for action.
+func (a Advice) Action(action string) (Choice, bool) {
+	for _, c := range a.Actions {
+		if c.Action == action {
+			return c, true
+		}
+	}
+	return Choice{}, false
+}
+
+// Advise computes a card from its facts. Every sentence states only what
+// the facts prove: an unanswered status query is "no answer", never "the
+// system never saw the call"; "could apply it twice" only when the system
+// is not believed idempotent.
+func Advise(f Facts) Advice {
+	a := Advice{
+		Headline: fmt.Sprintf("Waiting for a person: %s at %s", f.Step, f.System),
+		Why:      f.why(),
+		Then:     f.truthText(f.Then, "at the hand-over"),
+		Now:      f.nowText(),
+	}
+	refused := f.Reason == ReasonRefused
+	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(ResolveRetry), Label: "Retry now", Enabled: true},
+		Choice{Action: string(ResolveFailed), Label: "Mark failed", Enabled: true},
+		Choice{Action: ActionAskAgain, Label: "Ask " + f.System + " again", Enabled: true}
+
+	// What the truth now rules out.
+	switch f.Now {
+	case external.TruthCompleted:
+		fail.disable(f.System + " says it happened: marking it failed would deny an effect that took place")
+	case external.TruthRejected:
+		retry.disable(f.System + " refused it: the same call would be refused again")
+		if !refused {
+			done.disable(f.System + " refused it: nothing was applied, so there is nothing to mark done")
+		}
+	case external.TruthRunning:
+		done.disable(f.System + " is still working on it: it has not happened yet")
+		fail.disable(f.System + " is still working on it: it may still complete")
+	case external.TruthNotStarted:
+		done.disable(f.System + " has no record of the call: marking it done would record an effect that did not happen")
+		if !f.NotStartedConclusive() {
+			fail.disable(fmt.Sprintf("an earlier call may still arrive until %s", clock(f.ArrivesUntil)))
+		}
+	}
+	// What the step rules out, whatever the truth.
+	if refused && retry.Enabled {
+		retry.disable(f.Step + " was refused definitely: the same call would be refused again")
+	}
+	if !f.CanFail {
+		fail.disable("what the earlier steps did elsewhere stands, so the operation cannot simply fail")
+	}
+
+	// The first action, from the truth as asked now.
+	switch {
+	case f.Now == external.TruthCompleted:
+		a.Suggested, a.Unambiguous = done.Action, true
+		a.Suggestion = f.System + " says the call took effect: mark it done, and the workflow runs on. No second call is needed."
+	case refused:
+		a.Suggestion = f.System + " refused " + f.Step + " and that refusal stands: do it by hand, then mark it done."
+	case f.NotStartedConclusive():
+		a.Suggested, a.Unambiguous = retry.Action, true
+		a.Suggestion = f.System + " has no record of the call and every earlier call's deadline (plus the margin) had passed when it was asked, " +
+			"so none can still arrive: retry — recovery sends the same call with the same key."
+	case f.Now == external.TruthNotStarted:
+		a.Suggested = ask.Action
+		a.Suggestion = fmt.Sprintf("%s has no record of the call yet, but an earlier call may still arrive until %s: ask again after that.",
+			f.System, clock(f.ArrivesUntil))
+	case f.Now == external.TruthRejected && f.CanFail:
+		a.Suggested, a.Unambiguous = fail.Action, true
+		a.Suggestion = f.System + " refused the call and nothing was applied: mark it failed."
+	case f.Now == external.TruthRejected: // and the operation cannot fail
+		a.Suggestion = f.System + " refused the call and what the earlier steps did elsewhere stands: do " + f.Step + " by hand, then mark it done."
+	case f.Now == external.TruthRunning:
+		a.Suggested = ask.Action
+		a.Suggestion = f.System + " is still working on the call: ask again later."
+	default: // no answer
+		a.Suggested = ask.Action
+		a.Suggestion = "The truth is not known: ask " + f.System + " again first. Decide without it only once you have checked with " +
+			f.System + " yourself."
+	}
+	a.Actions = []Choice{ask, done, retry, fail}
+	return a
+}
+
+func (c *Choice) disable(why string) {
+	if c.Enabled {
+		c.Enabled, c.Disabled = false, why
+	}
+}
+
+func (f Facts) doneChoice() Choice {
+	c := Choice{Action: string(ResolveDone), Label: "It happened: mark done", Enabled: true}
+	switch {
+	case f.Reason == ReasonRefused:
+		c.Label = "Done by hand: mark done"
+	case f.Step == "provider_cancel":
+		c.Label = "Provider confirms: mark cancelled"
+	}
+	return c
+}
+
+// why is the reason's sentence. It says nothing about what the system said
+// beyond what Then records.
+func (f Facts) why() string {
+	switch f.Reason {
+	case ReasonRefused:
+		return f.System + " refused " + f.Step + " definitely, and what the earlier steps did elsewhere stands, so the operation cannot simply fail."
+	case ReasonInconsistent:
+		return f.Step + " was in a state recovery cannot resume from."
+	}
+	used := "Recovery used all its attempts"
+	switch {
+	case f.MaxAttempts == 1:
+		used = "Recovery used its one attempt"
+	case f.MaxAttempts > 1:
+		used = fmt.Sprintf("Recovery used all %d attempts", f.MaxAttempts)
+	}
+	switch f.Then {
+	case "":
+		if f.Idempotent {
+			return used + " and its last status query got no answer. " + f.System +
+				" is believed idempotent, so sending the call again is safe, but the attempts were used up."
+		}
+		return used + " and its last status query got no answer. " + f.System +
+			" is not believed idempotent, so sending the call again without knowing could apply it twice."
+	case external.TruthRunning:
+		return used + " while " + f.System + " kept saying RUNNING."
+	case external.TruthNotStarted:
+		return used + " while an earlier call could still have been on its way."
+	}
+	return used + " without settling the step."
+}
+
+func (f Facts) truthText(t external.Truth, when string) string {
+	switch t {
+	case "":
+		return TruthUnknown + ": no answer " + when + " (the status query failed or was not made). That says nothing about whether " +
+			f.System + " received the call."
+	case external.TruthNotStarted:
+		return string(t) + ": " + f.System + " had no record of the call " + when + "."
+	case external.TruthRunning:
+		return string(t) + ": " + f.System + " had the call and was still working on it " + when + "."
+	case external.TruthCompleted:
+		return string(t) + ": " + f.System + " had applied the call " + when + "."
+	case external.TruthRejected:
+		return string(t) + ": " + f.System + " had refused the call " + when + "; nothing was applied."
+	}
+	return string(t)
+}
+
+func (f Facts) nowText() string {
+	if f.NowAt.IsZero() {
+		return TruthUnknown + ": not asked since the hand-over."
+	}
+	when := "when asked at " + clock(f.NowAt)
+	if f.Now == "" {
+		s := f.truthText("", when)
+		if f.NowError != "" {
+			s += " The query failed: " + f.NowError + "."
+		}
+		return s
+	}
+	s := f.truthText(f.Now, when)
+	if f.Now == external.TruthNotStarted {
+		if f.NotStartedConclusive() {
+			s += " Every earlier call's deadline (plus the margin) had passed by then: none can still arrive."
+		} else {
+			s += " An earlier call may still arrive until " + clock(f.ArrivesUntil) + "."
+		}
+	}
+	return s
+}
+
+func clock(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("15:04:05 MST")
+}

@@ -1,0 +1,204 @@
+package workflow
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/external"
+)
+
+// nowCase is one way the latest status query can have gone.
+type nowCase struct {
+	name       string
+	truth      external.Truth
+	asked      bool
+	conclusive bool // for NOT_STARTED: asked after every deadline + margin
+}
+
+var nowCases = []nowCase{
+	{name: "not asked"},
+	{name: "no answer", asked: true},
+	{name: "NOT_STARTED, deadlines passed", truth: external.TruthNotStarted, asked: true, conclusive: true},
+	{name: "NOT_STARTED, a call may arrive", truth: external.TruthNotStarted, asked: true},
+	{name: "RUNNING", truth: external.TruthRunning, asked: true},
+	{name: "COMPLETED", truth: external.TruthCompleted, asked: true},
+	{name: "REJECTED", truth: external.TruthRejected, asked: true},
+}
+
+var thenCases = []external.Truth{"", external.TruthNotStarted, external.TruthRunning, external.TruthCompleted, external.TruthRejected}
+
+// Every reason × truth then × truth now (× belief × whether the step may
+// fail): the card's sentences agree with each other and with the facts,
+// the first action follows the truth now, and every ruled-out action says
+// why.
+func TestAdviseEveryCombinationAgrees(t *testing.T) {
+	t.Parallel()
+	askedAt := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	n := 0
+	for _, reason := range Reasons {
+		for _, then := range thenCases {
+			for _, now := range nowCases {
+				for _, idempotent := range []bool{false, true} {
+					for _, canFail := range []bool{false, true} {
+						f := Facts{
+							Reason: reason, Step: "provider_cancel", System: "provider", Then: then, Now: now.truth,
+							Idempotent: idempotent, CanFail: canFail, Attempts: 3, MaxAttempts: 3,
+							ArrivesUntil: askedAt.Add(time.Second),
+						}
+						if now.asked {
+							f.NowAt = askedAt
+							if now.conclusive {
+								f.ArrivesUntil = askedAt.Add(-time.Second)
+							}
+							if now.truth == "" {
+								f.NowError = "connection refused"
+							}
+						}
+						name := fmt.Sprintf("%s/then=%s/now=%s/idempotent=%t/canFail=%t", reason, orUnknown(then), now.name, idempotent, canFail)
+						checkAdvice(t, name, f, Advise(f))
+						n++
+					}
+				}
+			}
+		}
+	}
+	if want := len(Reasons) * len(thenCases) * len(nowCases) * 4; n != want {
+		t.Fatalf("checked %d combinations, want %d", n, want)
+	}
+}
+
+func orUnknown(t external.Truth) string {
+	if t == "" {
+		return TruthUnknown
+	}
+	return string(t)
+}
+
+func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
+	t.Helper()
+	all := strings.Join([]string{a.Headline, a.Why, a.Then, a.Now, a.Suggestion}, " | ")
+	for _, c := range a.Actions {
+		all += " | " + c.Label + " " + c.Disabled
+	}
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf("%s: "+format+"\n  card: %s", append([]any{name}, append(args, all)...)...)
+	}
+	lower := strings.ToLower(all)
+
+	// Nothing claims what no answer can prove.
+	for _, claim := range []string{"never saw", "never received", "did not receive", "never reached"} {
+		if strings.Contains(lower, claim) {
+			fail("claims %q", claim)
+		}
+	}
+	// "Twice" only where a repeat could apply twice.
+	if f.Idempotent && strings.Contains(lower, "twice") {
+		fail("says twice of an idempotent system")
+	}
+	// The truth lines say the truths they were given.
+	if !strings.HasPrefix(a.Then, orUnknown(f.Then)+":") {
+		fail("then line %q does not say %s", a.Then, orUnknown(f.Then))
+	}
+	if !strings.HasPrefix(a.Now, orUnknown(f.Now)+":") {
+		fail("now line %q does not say %s", a.Now, orUnknown(f.Now))
+	}
+	// Every action is there once; a disabled one says why, an enabled one does not.
+	seen := map[string]bool{}
+	for _, c := range a.Actions {
+		if seen[c.Action] {
+			fail("action %s twice", c.Action)
+		}
+		seen[c.Action] = true
+		if c.Enabled == (c.Disabled != "") {
+			fail("action %s enabled=%t with reason %q", c.Action, c.Enabled, c.Disabled)
+		}
+	}
+	for _, want := range []string{ActionAskAgain, string(ResolveDone), string(ResolveRetry), string(ResolveFailed)} {
+		if !seen[want] {
+			fail("no %s button", want)
+		}
+	}
+	if ask, _ := a.Action(ActionAskAgain); !ask.Enabled {
+		fail("ask again disabled")
+	}
+	// The first action is offered, enabled, and follows the truth now.
+	if a.Suggestion == "" {
+		fail("no sentence saying why")
+	}
+	if a.Suggested != "" {
+		if c, ok := a.Action(a.Suggested); !ok || !c.Enabled {
+			fail("suggests %s, which is not enabled", a.Suggested)
+		}
+	}
+	refused := f.Reason == ReasonRefused
+	want := ""
+	switch {
+	case f.Now == external.TruthCompleted:
+		want = string(ResolveDone)
+	case refused:
+		want = ""
+	case f.NotStartedConclusive():
+		want = string(ResolveRetry)
+	case f.Now == external.TruthRejected && f.CanFail:
+		want = string(ResolveFailed)
+	case f.Now == external.TruthRejected:
+		want = ""
+	default: // unknown, RUNNING, NOT_STARTED while a call may arrive
+		want = ActionAskAgain
+	}
+	if a.Suggested != want {
+		fail("suggests %q, want %q", a.Suggested, want)
+	}
+	if a.Unambiguous != (want == string(ResolveDone) || want == string(ResolveRetry) || want == string(ResolveFailed)) {
+		fail("unambiguous=%t with suggestion %q", a.Unambiguous, a.Suggested)
+	}
+	// The suggestion's sentence speaks of the truth it follows.
+	if f.Now == "" && !refused && !strings.Contains(a.Suggestion, "not known") {
+		fail("suggestion %q on an unknown truth", a.Suggestion)
+	}
+	if f.Now != "" && strings.Contains(a.Suggestion, "not known") {
+		fail("suggestion %q says unknown of %s", a.Suggestion, f.Now)
+	}
+	// What the truth now rules out is disabled.
+	done, _ := a.Action(string(ResolveDone))
+	retry, _ := a.Action(string(ResolveRetry))
+	failed, _ := a.Action(string(ResolveFailed))
+	if (f.Now == external.TruthNotStarted || f.Now == external.TruthRunning) && done.Enabled {
+		fail("mark done enabled while the system says %s", f.Now)
+	}
+	if f.Now == external.TruthRejected && !refused && done.Enabled {
+		fail("mark done enabled on a refusal")
+	}
+	if (f.Now == external.TruthCompleted || f.Now == external.TruthRunning) && failed.Enabled {
+		fail("mark failed enabled while the system says %s", f.Now)
+	}
+	if f.Now == external.TruthNotStarted && !f.NotStartedConclusive() && failed.Enabled {
+		fail("mark failed enabled while a call may still arrive")
+	}
+	if !f.CanFail && failed.Enabled {
+		fail("mark failed enabled on a step that cannot fail")
+	}
+	if (f.Now == external.TruthRejected || refused) && retry.Enabled {
+		fail("retry enabled on a refusal")
+	}
+	if f.Now == "" && !refused && !done.Enabled {
+		fail("mark done disabled on an unknown truth: a person who checked must be able to say so")
+	}
+}
+
+func TestAdviseNotStartedNeedsEveryDeadlinePassed(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	f := Facts{Reason: ReasonOutOfAttempts, Step: "provider_cancel", System: "provider", Now: external.TruthNotStarted,
+		NowAt: at, ArrivesUntil: at.Add(time.Millisecond), CanFail: true}
+	if a := Advise(f); a.Suggested != ActionAskAgain || a.Unambiguous {
+		t.Errorf("a millisecond before the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
+	}
+	f.ArrivesUntil = at
+	if a := Advise(f); a.Suggested != string(ResolveRetry) || !a.Unambiguous {
+		t.Errorf("at the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
+	}
+}

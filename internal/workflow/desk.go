@@ -1,0 +1,352 @@
+package workflow
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/external"
+)
+
+// This file is the reconciliation desk's reading and asking: each
+// operation waiting for a person with its evidence (every call for its
+// stuck step, every status answer, the timeline), the facts Advise works
+// from, and "ask again" — a status query a person asks for, recorded like
+// recovery's own and deciding nothing.
+
+// Item is one operation waiting for a person, with its evidence.
+type Item struct {
+	Operation  Operation    `json:"operation"`
+	Stuck      StepRecord   `json:"stuck_step"`
+	HandedOver time.Time    `json:"handed_over_at"`
+	Facts      Facts        `json:"-"`
+	Advice     Advice       `json:"advice"`
+	Calls      []CallRecord `json:"calls"` // every exchange for the stuck step, oldest first
+	// ThenCall and NowCall are the status answers Facts.Then and Facts.Now
+	// come from (nil: none).
+	ThenCall *CallRecord `json:"then_call"`
+	NowCall  *CallRecord `json:"now_call"`
+}
+
+// Truth is the card's truth now in one word: a system's answer, or UNKNOWN;
+// NOT_STARTED while a call may still arrive is NOT_STARTED_PENDING.
+func (it Item) Truth() string {
+	switch {
+	case it.Facts.Now == "":
+		return TruthUnknown
+	case it.Facts.Now == external.TruthNotStarted && !it.Facts.NotStartedConclusive():
+		return TruthNotStartedPending
+	}
+	return string(it.Facts.Now)
+}
+
+// TruthNotStartedPending is NOT_STARTED asked before every earlier call's
+// deadline (plus the margin) had passed: not conclusive yet.
+const TruthNotStartedPending = "NOT_STARTED_PENDING"
+
+// DeskConfig is what the desk's facts need from recovery's settings.
+type DeskConfig struct {
+	ClockSkew   time.Duration // the margin on every deadline
+	MaxAttempts int           // for the reason's sentence
+}
+
+// Waiting returns up to limit operations waiting for a person, longest
+// waiting first, each with its evidence and advice.
+func (e *Engine) Waiting(ctx context.Context, cfg DeskConfig, limit int) ([]Item, error) {
+	ops, err := e.ListByStatus(ctx, StatusNeedsReconciliation, limit)
+	if err != nil {
+		return nil, err
+	}
+	return e.items(ctx, e.pool, cfg, ops)
+}
+
+// WaitingItem returns operation id with its evidence, if it waits for a person.
+func (e *Engine) WaitingItem(ctx context.Context, cfg DeskConfig, id int64) (Item, error) {
+	op, err := e.operation(ctx, e.pool, id)
+	if err != nil {
+		return Item{}, err
+	}
+	if op.Status != StatusNeedsReconciliation {
+		return Item{}, ErrNotWaiting
+	}
+	items, err := e.items(ctx, e.pool, cfg, []Operation{op})
+	if err != nil {
+		return Item{}, err
+	}
+	return items[0], nil
+}
+
+// CountWaiting is how many operations wait for a person (the nav badge).
+func (e *Engine) CountWaiting(ctx context.Context) (int, error) {
+	var n int
+	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'NEEDS_RECONCILIATION'`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: count waiting: %w", err)
+	}
+	return n, nil
+}
+
+// ErrNotWaiting: the operation does not wait for a person (any more).
+var ErrNotWaiting = fmt.Errorf("%w: it does not wait for a person", ErrStateChanged)
+
+// items reads the evidence of ops (in db: the pool, or a decision's
+// transaction) in four queries whatever their number.
+func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, ops []Operation) ([]Item, error) {
+	if len(ops) == 0 {
+		return []Item{}, nil
+	}
+	items := make([]Item, len(ops))
+	ids, keys := make([]int64, len(ops)), make([]string, 0, len(ops))
+	byKey := map[string]*Item{}
+	for i, op := range ops {
+		items[i].Operation = op
+		ids[i] = op.ID
+		if j := op.current(); j < len(op.Steps) {
+			items[i].Stuck = op.Steps[j]
+			keys = append(keys, op.Steps[j].Key)
+			byKey[op.Steps[j].Key] = &items[i]
+		}
+	}
+	// When each was handed to a person: its latest move to NEEDS_RECONCILIATION.
+	rows, err := db.Query(ctx, `
+		SELECT operation_id, max(at)
+		  FROM operation_events
+		 WHERE operation_id = ANY($1)
+		   AND to_status = 'NEEDS_RECONCILIATION'
+		 GROUP BY operation_id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: hand-over times: %w", err)
+	}
+	handed := map[int64]time.Time{}
+	var id int64
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { handed[id] = at; return nil }); err != nil {
+		return nil, fmt.Errorf("workflow: hand-over times: %w", err)
+	}
+	// Every exchange for the stuck steps.
+	rows, err = db.Query(ctx, `
+		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
+		       request, outcome, truth, detail, took_ms
+		  FROM operation_calls
+		 WHERE step_key = ANY($1)
+		 ORDER BY id`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: calls: %w", err)
+	}
+	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallRecord])
+	if err != nil {
+		return nil, fmt.Errorf("workflow: calls: %w", err)
+	}
+	for _, c := range calls {
+		if it := byKey[c.StepKey]; it != nil {
+			it.Calls = append(it.Calls, c)
+		}
+	}
+	beliefs, err := Beliefs(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	idempotent := map[string]bool{}
+	for _, b := range beliefs {
+		idempotent[b.System] = b.Idempotent
+	}
+	for i := range items {
+		it := &items[i]
+		it.HandedOver = handed[it.Operation.ID]
+		if it.Calls == nil {
+			it.Calls = []CallRecord{}
+		}
+		it.Facts = e.facts(cfg, it, idempotent)
+		it.Advice = Advise(it.Facts)
+	}
+	return items, nil
+}
+
+// facts reads an item's evidence the way Advise needs it.
+func (e *Engine) facts(cfg DeskConfig, it *Item, idempotent map[string]bool) Facts {
+	s := it.Stuck
+	f := Facts{Step: s.Name, System: deref(s.System), Idempotent: idempotent[deref(s.System)],
+		Attempts: it.Operation.Attempts, MaxAttempts: cfg.MaxAttempts}
+	switch {
+	case s.State == StepFailed:
+		f.Reason = ReasonRefused
+	case s.External() && (s.State == StepSent || s.State == StepUnknown):
+		f.Reason = ReasonOutOfAttempts
+	default:
+		f.Reason = ReasonInconsistent
+	}
+	if def, ok := e.defs[it.Operation.Type]; ok {
+		if st, ok := def.step(s.Name); ok {
+			f.CanFail = st.Refused == FailOperation
+		}
+	}
+	// A call may arrive until the latest deadline any attempt carried.
+	latest := s.DeadlineAt
+	for i, c := range it.Calls {
+		switch {
+		case c.Kind == "call" && c.DeadlineAt != nil && (latest == nil || c.DeadlineAt.After(*latest)):
+			latest = c.DeadlineAt
+		case c.Kind != "status":
+		case !c.At.After(it.HandedOver):
+			it.ThenCall = &it.Calls[i]
+		default:
+			it.NowCall = &it.Calls[i]
+		}
+	}
+	if latest != nil {
+		f.ArrivesUntil = latest.Add(cfg.ClockSkew)
+	}
+	if it.ThenCall != nil && it.ThenCall.Truth != nil {
+		f.Then = external.Truth(*it.ThenCall.Truth)
+	}
+	if c := it.NowCall; c != nil {
+		f.NowAt = c.At
+		if c.Truth != nil {
+			f.Now = external.Truth(*c.Truth)
+		} else {
+			f.NowError = c.Detail
+		}
+	}
+	return f
+}
+
+// AskAgain asks the system behind each operation's stuck step for the
+// truth of its key, now, and records every answer (or that none came) in
+// operation_calls as actor's. It decides nothing and changes no operation,
+// so a decision form open on a page stays valid; the next reading of the
+// desk advises from the new answers. Operations no longer waiting for a
+// person, or stuck at a step that calls nothing, are skipped. It returns
+// how many were asked and how many answered.
+func (e *Engine) AskAgain(ctx context.Context, ids []int64, actor string, timeout time.Duration) (asked, answered int, err error) {
+	ops, err := e.waitingOps(ctx, ids)
+	if err != nil {
+		return 0, 0, err
+	}
+	type answer struct {
+		op    Operation
+		key   string
+		sys   string
+		truth external.Truth
+		err   error
+		took  time.Duration
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+		slots   = make(chan struct{}, 16) // a desk of hundreds asks 16 at a time
+	)
+	for _, op := range ops {
+		i := op.current()
+		if i == len(op.Steps) || !op.Steps[i].External() {
+			continue
+		}
+		def, ok := e.defs[op.Type]
+		if !ok {
+			continue
+		}
+		st, ok := def.step(op.Steps[i].Name)
+		if !ok || st.Call == nil {
+			continue
+		}
+		wg.Add(1)
+		slots <- struct{}{}
+		go func(op Operation, rec StepRecord, call Caller) {
+			defer func() { <-slots; wg.Done() }()
+			askCtx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			truth, err := call.Status(askCtx, rec.Key)
+			mu.Lock()
+			answers = append(answers, answer{op: op, key: rec.Key, sys: *rec.System, truth: truth, err: err, took: time.Since(start)})
+			mu.Unlock()
+		}(op, op.Steps[i], st.Call)
+	}
+	wg.Wait()
+	if len(answers) == 0 {
+		return 0, 0, nil
+	}
+	// One statement records them all.
+	n := len(answers)
+	opIDs, keys, systems, truths, details, took := make([]int64, n), make([]string, n), make([]string, n),
+		make([]*string, n), make([]string, n), make([]int64, n)
+	for i, a := range answers {
+		opIDs[i], keys[i], systems[i], took[i] = a.op.ID, a.key, a.sys, a.took.Milliseconds()
+		if a.err != nil {
+			details[i] = a.err.Error()
+		} else {
+			truths[i] = nullTruth(a.truth)
+			answered++
+		}
+	}
+	_, err = e.pool.Exec(ctx, `
+		INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, truth, detail, took_ms)
+		SELECT operation_id, step_key, 'status', system, $5, truth, detail, took_ms
+		  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $6::text[], $7::bigint[])
+		       AS a(operation_id, step_key, system, truth, detail, took_ms)`,
+		opIDs, keys, systems, truths, actor, details, took)
+	if err != nil {
+		return 0, 0, fmt.Errorf("workflow: record the answers: %w", err)
+	}
+	return n, answered, nil
+}
+
+// waitingOps reads those of ids that wait for a person, with their steps.
+func (e *Engine) waitingOps(ctx context.Context, ids []int64) ([]Operation, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT `+opColumns+`
+		  FROM operations
+		 WHERE id = ANY($1)
+		   AND status = 'NEEDS_RECONCILIATION'
+		 ORDER BY id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: waiting operations: %w", err)
+	}
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	if err != nil {
+		return nil, fmt.Errorf("workflow: waiting operations: %w", err)
+	}
+	return ops, withSteps(ctx, e.pool, pointers(ops))
+}
+
+// Decision is one line of the desk's audit trail.
+type Decision struct {
+	ID              int64     `json:"id"`
+	OperationID     int64     `json:"operation_id"`
+	StepKey         string    `json:"step_key"`
+	At              time.Time `json:"at"`
+	DecidedBy       string    `json:"decided_by"`
+	Actor           string    `json:"actor"`
+	Decision        string    `json:"decision"`
+	SeenUpdatedAt   time.Time `json:"seen_updated_at"`
+	TruthSeen       string    `json:"truth_seen"`
+	TruthCallID     *int64    `json:"truth_call_id"`
+	TruthAtDecision *string   `json:"truth_at_decision"`
+	Suggested       string    `json:"suggested"`
+	BatchSize       int       `json:"batch_size"`
+	Note            string    `json:"note"`
+}
+
+// Decisions returns the newest decisions, of one operation when
+// operationID > 0.
+func (e *Engine) Decisions(ctx context.Context, operationID int64, limit int) ([]Decision, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT id, operation_id, step_key, at, decided_by, actor, decision, seen_updated_at, truth_seen,
+		       truth_call_id, truth_at_decision, suggested, batch_size, note
+		  FROM reconciliation_decisions
+		 WHERE $1 = 0 OR operation_id = $1
+		 ORDER BY at DESC, id DESC
+		 LIMIT $2`, operationID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: decisions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Decision])
+	if err != nil {
+		return nil, fmt.Errorf("workflow: decisions: %w", err)
+	}
+	return out, nil
+}
