@@ -255,7 +255,8 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 	}
 }
 
-// A desk of 200 items left by an outage, cleared in four clicks: ask again
+// A desk of 40 items left by an outage, cleared in four clicks (the API
+// test does the same with 200, through the requests these buttons send): ask again
 // while the provider still cannot be asked (nothing is learned, nothing
 // decided), ask again once it is healed (every truth is conclusive), then
 // one bulk button per decision. Every policy is cancelled once at the
@@ -263,10 +264,10 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, outageEnv)
-	policies := outage(t, s, 100, 100)
+	policies := outage(t, s, 20, 20)
 	ctx := browsertest.New(t)
 	signInAdmin(t, ctx, s)
-	if n := text(t, ctx, `[data-testid="desk-total"]`); n != "200" {
+	if n := text(t, ctx, `[data-testid="desk-total"]`); n != "40" {
 		t.Fatalf("desk total %s", n)
 	}
 	// Asked during the outage: no answer, no bulk decision offered.
@@ -277,7 +278,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := text(t, ctx, `[data-testid="notice"]`); !strings.Contains(n, "0 of 200 answered") {
+	if n := text(t, ctx, `[data-testid="notice"]`); !strings.Contains(n, "0 of 40 answered") {
 		t.Fatalf("asked during the outage: %q", n)
 	}
 	var bulk int
@@ -288,7 +289,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 	shootBoth(t, ctx, "desk-during-outage")
 
 	heal(t, s)
-	clicks := 1 + askAllUntilAnswered(t, ctx, 200)
+	clicks := 1 + askAllUntilAnswered(t, ctx, 40)
 	ledger := s.ledger(t)
 	applied := 0
 	for _, id := range policies {
@@ -297,12 +298,12 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 	if got := attr(t, ctx, `[data-testid="count-COMPLETED"]`, "data-n"); got != fmt.Sprint(applied) {
 		t.Fatalf("COMPLETED %s, the ledger has %d", got, applied)
 	}
-	if got := attr(t, ctx, `[data-testid="count-NOT_STARTED"]`, "data-n"); got != fmt.Sprint(200-applied) {
-		t.Fatalf("NOT_STARTED %s, want %d", got, 200-applied)
+	if got := attr(t, ctx, `[data-testid="count-NOT_STARTED"]`, "data-n"); got != fmt.Sprint(40-applied) {
+		t.Fatalf("NOT_STARTED %s, want %d", got, 40-applied)
 	}
 	shootBoth(t, ctx, "desk-healed")
 	for _, action := range []string{"mark_done", "retry"} {
-		if action == "mark_done" && applied == 0 || action == "retry" && applied == 200 {
+		if action == "mark_done" && applied == 0 || action == "retry" && applied == 40 {
 			continue // the outage left none of these
 		}
 		err = chromedp.Run(ctx,
@@ -317,7 +318,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 			t.Fatalf("after bulk %s: %q", action, n)
 		}
 	}
-	waitAllSucceeded(t, s, 200)
+	waitAllSucceeded(t, s, 40)
 	ledger = s.ledger(t)
 	for _, id := range policies {
 		if ledger[id] != 1 {
@@ -336,7 +337,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		t.Errorf("badge after clearing: %s", n)
 	}
 	shootBoth(t, ctx, "desk-cleared")
-	t.Logf("200 items cleared in %d clicks (%d applied by the provider, %d never received)", clicks, applied, 200-applied)
+	t.Logf("40 items cleared in %d clicks (%d applied by the provider, %d never received)", clicks, applied, 40-applied)
 }
 
 var hiddenInput = regexp.MustCompile(`name="(idempotency_key|item|action|_csrf|return)" value="([^"]*)"`)

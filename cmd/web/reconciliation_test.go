@@ -73,7 +73,10 @@ func outage(t *testing.T, s *testServer, applied, dropped int) []int64 {
 				defer wg.Done()
 				for id := range work {
 					r := s.do(cancelReq(id, "demo-alice", fmt.Sprintf("outage-%d", id), `{"reason":"outage"}`))
-					if r.Status != http.StatusAccepted {
+					// 409 request-in-progress: Go's transport resent a keyed
+					// POST on a connection a loaded machine broke, and the
+					// first is still on its way; the key keeps it to one.
+					if r.Status != http.StatusAccepted && r.problemType() != "request-in-progress" {
 						t.Errorf("cancel %d in %s: %d %s", id, mode, r.Status, r.Body)
 					}
 				}
@@ -87,7 +90,7 @@ func outage(t *testing.T, s *testServer, applied, dropped int) []int64 {
 	}
 	cancelAll(fault.ModeLostResponse, policies[:applied])
 	cancelAll(fault.ModeDrop, policies[applied:])
-	waitUntil(t, 30*time.Second, func() bool {
+	waitUntil(t, 60*time.Second, func() bool {
 		var n int
 		s.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'NEEDS_RECONCILIATION'`).Scan(&n)
 		return n == len(policies)
@@ -198,7 +201,7 @@ func (s *testServer) decideSuggested(t *testing.T, d deskJSON, key, note string)
 // waitAllSucceeded waits until every operation is SUCCEEDED.
 func waitAllSucceeded(t *testing.T, s *testServer, n int) {
 	t.Helper()
-	waitUntil(t, 30*time.Second, func() bool {
+	waitUntil(t, 60*time.Second, func() bool {
 		var done int
 		s.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE status = 'SUCCEEDED'`).Scan(&done)
 		return done == n
@@ -211,18 +214,18 @@ func waitAllSucceeded(t *testing.T, s *testServer, n int) {
 // decided), ask again once healed (every truth conclusive), one bulk
 // decision, which a replay does not repeat. Every decision agrees with the
 // truth asked, each policy is cancelled exactly once at the provider, every
-// invariant holds, and the audit trail has one line per item. (The browser
-// test does the same with 200 items.)
+// invariant holds, and the audit trail has one line per item. These are
+// the requests the desk's buttons send (the browser test clicks them).
 func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, outageEnv)
-	const applied, dropped = 10, 10
+	const applied, dropped = 100, 100
 	began := time.Now()
 	policies := outage(t, s, applied, dropped)
 	outageTook := time.Since(began)
 
 	d := s.desk(t, "")
-	if d.Total != 20 || d.ByReason["out_of_attempts"] != 20 || d.ByTruth["UNKNOWN"] != 20 {
+	if d.Total != 200 || d.ByReason["out_of_attempts"] != 200 || d.ByTruth["UNKNOWN"] != 200 {
 		t.Fatalf("desk after the outage: total %d, by reason %v, by truth %v", d.Total, d.ByReason, d.ByTruth)
 	}
 	for _, it := range d.Items {
@@ -231,7 +234,7 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 		}
 	}
 	// Asked during the outage: nothing answers, nothing is decided.
-	if asked, answered := s.askAgain(t); asked != 20 || answered != 0 {
+	if asked, answered := s.askAgain(t); asked != 200 || answered != 0 {
 		t.Fatalf("ask during the outage: %d asked, %d answered", asked, answered)
 	}
 	if b, r := s.decideSuggested(t, s.desk(t, ""), "bulk-during-outage", ""); r.Status != http.StatusUnprocessableEntity {
@@ -240,7 +243,7 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 
 	heal(t, s)
 	start := time.Now()
-	s.askUntilAllAnswer(t, 20)
+	s.askUntilAllAnswer(t, 200)
 	askTook := time.Since(start)
 	d = s.desk(t, "")
 	// What the provider's own ledger says happened (a lost_response call
@@ -249,7 +252,7 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 	for id, n := range s.ledger(t) {
 		applies[id] = n == 1
 	}
-	if n := countTrue(applies); d.ByTruth["COMPLETED"] != n || d.ByTruth["NOT_STARTED"] != 20-n {
+	if n := countTrue(applies); d.ByTruth["COMPLETED"] != n || d.ByTruth["NOT_STARTED"] != 200-n {
 		t.Fatalf("truth now once healed: %v; the ledger has %d applied", d.ByTruth, n)
 	}
 	for _, it := range d.Items {
@@ -265,7 +268,7 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 	start = time.Now()
 	b, r := s.decideSuggested(t, d, "bulk-clear", "cleared after the outage")
 	decideTook := time.Since(start)
-	if r.Status != http.StatusOK || b.Decided != 20 || b.Changed+b.Refused+b.NotFound != 0 {
+	if r.Status != http.StatusOK || b.Decided != 200 || b.Changed+b.Refused+b.NotFound != 0 {
 		t.Fatalf("bulk decision: %d %+v", r.Status, b)
 	}
 	// The same click again: the stored answer, nothing decided twice.
@@ -274,7 +277,7 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 		t.Fatalf("replay: %d %q", again.Status, again.Header.Get("Idempotent-Replayed"))
 	}
 	began = time.Now()
-	waitAllSucceeded(t, s, 20)
+	waitAllSucceeded(t, s, 200)
 	finishTook := time.Since(began)
 	ledger := s.ledger(t)
 	for _, id := range policies {
@@ -285,16 +288,16 @@ func TestReconciliationBulkAPIClearsAnOutage(t *testing.T) {
 	s.assertInvariants(t)
 	var decisions, notes int
 	s.DB.Pool.QueryRow(context.Background(), `
-		SELECT count(*), count(*) FILTER (WHERE note = 'cleared after the outage' AND batch_size = 20 AND decided_by = 'admin'
+		SELECT count(*), count(*) FILTER (WHERE note = 'cleared after the outage' AND batch_size = 200 AND decided_by = 'admin'
 		                                      AND truth_seen = coalesce(truth_at_decision, 'UNKNOWN'))
 		  FROM reconciliation_decisions`).Scan(&decisions, &notes)
-	if decisions != 20 || notes != 20 {
+	if decisions != 200 || notes != 200 {
 		t.Errorf("audit trail: %d decisions, %d with the note, the batch and a truth seen that agrees", decisions, notes)
 	}
 	if d := s.desk(t, ""); d.Total != 0 {
 		t.Errorf("desk after clearing: %d waiting", d.Total)
 	}
-	t.Logf("20 items: outage %s, ask again (healed) %s, one bulk decision of 20 %s, recovery finishing them %s",
+	t.Logf("200 items: outage %s, ask again (healed) %s, one bulk decision of 200 %s, recovery finishing them %s",
 		outageTook.Round(time.Millisecond), askTook.Round(time.Millisecond), decideTook.Round(time.Millisecond), finishTook.Round(time.Millisecond))
 }
 
