@@ -22,7 +22,9 @@ import (
 // Screenshots at 1280 and 390 px.
 func TestBrowserADeclinedDepositIsCompensatedOnScreen(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, map[string]string{"PAYMENTS_TIMEOUT": "500ms", "INSTANCE_ID": "app-1"})
+	// The app waits 2 s for payments: the slow charge outlasts it, a
+	// refusal on a loaded machine does not.
+	s := startServer(t, map[string]string{"PAYMENTS_TIMEOUT": "2s", "INSTANCE_ID": "app-1"})
 	ctl := paymentsfake.NewControl(s.PaymentsURL, "")
 	defer ctl.CloseIdleConnections()
 	setMode := func(mode fault.Mode) {

@@ -31,8 +31,9 @@ func depositSlot(t testing.TB, db *testdb.DB, nth int) int64 {
 // is 402 deposit-declined with the booking FAILED and the slot free.
 func TestDepositBookingOverHTTP(t *testing.T) {
 	t.Parallel()
-	// The charge stays RUNNING for a minute; the app waits 300 ms.
-	s := startServer(t, map[string]string{"PAYMENTS_TIMEOUT": "300ms"})
+	// The charge stays RUNNING for a minute; the app waits 2 s — long
+	// enough that a refusal on a loaded machine is still an answer.
+	s := startServer(t, map[string]string{"PAYMENTS_TIMEOUT": "2s"})
 	setPayments := func(body string) {
 		t.Helper()
 		if r := s.do(request{Method: "PUT", Path: "/api/v1/payments/faults", Token: "demo-admin", Body: body}); r.Status != http.StatusOK {
