@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
@@ -179,8 +180,20 @@ func Advise(f Facts) Advice {
 		a.Suggestion = "The truth is not known: ask " + f.System + " again first. Decide without it only once you have checked with " +
 			f.System + " yourself."
 	}
+	a.Why, a.Suggestion = sentence(a.Why), sentence(a.Suggestion)
+	for _, c := range []*Choice{&ask, &done, &retry, &fail} {
+		c.Disabled = sentence(c.Disabled)
+	}
 	a.Actions = []Choice{ask, done, retry, fail}
 	return a
+}
+
+// sentence starts s with a capital letter (a system's name may start it).
+func sentence(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 func (c *Choice) disable(why string) {
