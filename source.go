@@ -38,3 +38,49 @@ func LineOf(path, text string) int {
 	}
 	return 0
 }
+
+// FuncLine returns the 1-based number of the line of path that declares the
+// function name — "recordRetry", or a method as the runtime names it,
+// "(*runner).succeed" or "claimed.claim" — or 0 when path declares no such
+// function. Like LineOf, it finds the line by what it says, so it follows
+// every edit.
+func FuncLine(path, name string) int {
+	raw, err := fs.ReadFile(tree, path)
+	if err != nil {
+		return 0
+	}
+	var recv string
+	if strings.HasPrefix(name, "(") {
+		end := strings.Index(name, ").")
+		if end < 0 {
+			return 0
+		}
+		recv, name = name[1:end], name[end+2:]
+	} else if t, m, ok := strings.Cut(name, "."); ok {
+		recv, name = t, m
+	}
+	for i, line := range strings.Split(string(raw), "\n") {
+		rest, ok := strings.CutPrefix(line, "func ")
+		if !ok {
+			continue
+		}
+		if recv != "" {
+			// "(r *runner) succeed(": the receiver's name is the author's.
+			lp, rp := strings.Index(rest, "("), strings.Index(rest, ")")
+			if lp != 0 || rp < 0 {
+				continue
+			}
+			fields := strings.Fields(rest[1:rp])
+			if len(fields) == 0 || fields[len(fields)-1] != recv {
+				continue
+			}
+			rest = strings.TrimSpace(rest[rp+1:])
+		} else if strings.HasPrefix(rest, "(") {
+			continue
+		}
+		if strings.HasPrefix(rest, name+"(") || strings.HasPrefix(rest, name+"[") {
+			return i + 1
+		}
+	}
+	return 0
+}

@@ -105,3 +105,50 @@ func outcomeClass(outcome string) string {
 		return "neutral"
 	}
 }
+
+// countdownText fills the countdown's sentence ("recovery may claim this
+// in %s") with secs; app.js does the same every second in the browser.
+func countdownText(sentence string, secs int) string {
+	if secs <= 0 {
+		return strings.Replace(sentence, "in %s", "now", 1)
+	}
+	return strings.Replace(sentence, "%s", strconv.Itoa(secs)+" s", 1)
+}
+
+// ordinal is 1st, 2nd, 3rd, 4th … for the run number.
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	if n == 1 {
+		return "first"
+	}
+	return strconv.Itoa(n) + suffix
+}
+
+// baseName is "run.go:142" of "internal/workflow/run.go:142".
+func baseName(where string) string {
+	if i := strings.LastIndex(where, "/"); i >= 0 {
+		return where[i+1:]
+	}
+	return where
+}
+
+// times says how often something happened to one subject, for the ledgers'
+// duplicate badges: "cancelled twice", "cancelled 5 times".
+func times(what string, n int64) string {
+	switch n {
+	case 1:
+		return what + " once"
+	case 2:
+		return what + " twice"
+	}
+	return what + " " + strconv.FormatInt(n, 10) + " times"
+}

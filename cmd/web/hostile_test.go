@@ -74,17 +74,19 @@ type routeSpec struct {
 }
 
 var hostileRoutes = map[string]routeSpec{
-	"GET /healthz":        {access: public},
-	"GET /readyz":         {access: public},
-	"GET /metrics":        {access: public},
-	"GET /static*":        {access: public},
-	"GET /static/*":       {access: public},
-	"GET /":               {access: pageAny},
-	"GET /signin":         {access: pageAny},
-	"POST /signin":        {access: pageAny, text: []string{"name"}, form: url.Values{"name": {"alice"}}},
-	"POST /signout":       {access: pageAny},
-	"GET /recovery":       {access: pageAny},
-	"GET /recovery/panel": {access: pageAny},
+	"GET /healthz":         {access: public},
+	"GET /readyz":          {access: public},
+	"GET /metrics":         {access: public},
+	"GET /static*":         {access: public},
+	"GET /static/*":        {access: public},
+	"GET /":                {access: pageAny},
+	"GET /signin":          {access: pageAny},
+	"POST /signin":         {access: pageAny, text: []string{"name"}, form: url.Values{"name": {"alice"}}},
+	"POST /signout":        {access: pageAny},
+	"GET /recovery":        {access: pageAny},
+	"GET /recovery/panel":  {access: pageAny},
+	"GET /code/*":          {access: pageAny},
+	"GET /static/code.css": {access: public},
 
 	"GET /api/v1/policies":                      {access: bearer, query: []string{"limit", "cursor", "status"}},
 	"GET /api/v1/policies/:id":                  {access: bearer, param: alicePolicy},
@@ -392,7 +394,9 @@ func (w *suiteWorld) casesFor(key string, spec routeSpec, methods []string) []ho
 	if strings.Contains(route, "*") {
 		path = strings.Replace(strings.TrimSuffix(route, "*"), "/*", "/", 1) + "app.css"
 		path = strings.ReplaceAll(path, "//", "/")
-		if !strings.HasPrefix(path, "/static/") {
+		if strings.HasPrefix(route, "/code/") {
+			path = "/code/go.mod" // the code viewer: a file of the embedded tree
+		} else if !strings.HasPrefix(path, "/static/") {
 			path = "/static/app.css"
 		}
 	}

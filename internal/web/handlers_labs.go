@@ -363,7 +363,8 @@ func labInfo(lab labs.Lab) views.LabInfo {
 		info.Columns = append(info.Columns, views.LabColumn{Label: col.Label, Bad: col.Bad})
 	}
 	for _, ref := range lab.Code {
-		info.Code = append(info.Code, views.LabCode{Where: fmt.Sprintf("%s:%d", ref.Path, ref.Line), Text: ref.Text, Says: ref.Says})
+		info.Code = append(info.Code, views.LabCode{Where: fmt.Sprintf("%s:%d", ref.Path, ref.Line), Href: CodeHref(ref.Path, ref.Line),
+			Text: ref.Text, Says: ref.Says})
 	}
 	return info
 }
@@ -440,8 +441,9 @@ func (app *App) labOperationsView(c echo.Context, r labs.Run) (*views.LabOperati
 		return nil, err
 	}
 	v := &views.LabOperations{PanelURL: labRunPath(r) + "/operations"}
+	u, _ := userFrom(c)
 	for _, o := range ops {
-		detail, err := app.operationDetail(c.Request().Context(), o.view)
+		detail, err := app.operationDetail(c.Request().Context(), o.view, u.IsAdmin())
 		if err != nil {
 			return nil, err
 		}

@@ -5,13 +5,17 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab"
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -86,7 +90,7 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 		v.Operation, v.Timeline, v.Calls = customerOperation(v.Operation), customerTimeline(v.Timeline), customerCalls(v.Calls)
 		for name, t := range v.Truths {
 			if t.Error != "" {
-				t.Error = "the " + t.System + " cannot be asked right now"
+				t.Error = "the " + t.System + " did not answer the status query"
 				v.Truths[name] = t
 			}
 		}
@@ -137,10 +141,11 @@ func (app *App) operationPanel(c echo.Context) (views.OperationDetail, error) {
 	if err != nil {
 		return views.OperationDetail{}, err
 	}
-	return app.operationDetail(c.Request().Context(), v)
+	u, _ := userFrom(c)
+	return app.operationDetail(c.Request().Context(), v, u.IsAdmin())
 }
 
-func (app *App) operationDetail(ctx context.Context, v operationView) (views.OperationDetail, error) {
+func (app *App) operationDetail(ctx context.Context, v operationView, admin bool) (views.OperationDetail, error) {
 	kind, subject := "Cancellation", ""
 	if v.BookingID != 0 { // the deposit saga: its subject is a booking
 		bk, err := app.slots.GetBooking(ctx, v.BookingID, v.UserID, true)
@@ -157,10 +162,13 @@ func (app *App) operationDetail(ctx context.Context, v operationView) (views.Ope
 	}
 	vm := views.OperationDetail{
 		ID: v.ID, Kind: kind, PolicyID: v.PolicyID, BookingID: v.BookingID, PolicyNumber: subject, Status: v.Status, Terminal: v.Terminal(),
-		Reason: v.Reason, Run: v.Run, Attempts: v.Attempts,
+		Admin: admin, Reason: v.Reason, Run: v.Run, Attempts: v.Attempts, MaxAttempts: app.recovery.Settings().Budget().MaxAttempts,
 		Owner: deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
-		Released: releasedText(deref(v.Released)), LastError: deref(v.LastError),
+		Released: releasedText(deref(v.Released)), Finished: timeText(v.FinishedAt),
 	}
+	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
+	vm.LastError, vm.LastErrorLabel = lastErrorShown(v.Operation)
+	vm.Identities = app.identities(ctx, v, subject)
 	current := ""
 	for _, s := range v.Steps {
 		if s.State != workflow.StepDone && current == "" {
@@ -184,6 +192,9 @@ func (app *App) operationDetail(ctx context.Context, v operationView) (views.Ope
 	for _, cr := range v.Calls {
 		line := views.CallLine{At: cr.At.UTC().Format("15:04:05.000"), Kind: cr.Kind, System: cr.System,
 			Step: cmp.Or(stepOf[cr.StepKey], cr.StepKey), Actor: cr.Actor, What: callText(cr)}
+		if cr.Kind == "status" && cr.Truth == nil {
+			line.Error = cr.Detail
+		}
 		if cr.Attempt != nil {
 			line.Attempt = fmt.Sprintf(" · attempt %d", *cr.Attempt)
 		}
@@ -193,12 +204,175 @@ func (app *App) operationDetail(ctx context.Context, v operationView) (views.Ope
 		vm.Calls = append(vm.Calls, line)
 	}
 	for _, e := range v.Timeline {
-		vm.Timeline = append(vm.Timeline, views.TimelineEvent{
-			At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),
+		te := views.TimelineEvent{
+			ID: e.ID, At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),
 			Actor: e.Actor, Owner: shortToken(deref(e.OwnerToken)), Detail: e.Detail, Statement: strings.TrimSpace(e.Statement),
-		})
+			Bound: boundText(e.Bound),
+		}
+		te.Writer, te.WriterWhere, te.WriterHref = writerLink(deref(e.Writer))
+		vm.Timeline = append(vm.Timeline, te)
 	}
 	return vm, nil
+}
+
+// operationHeadline says what op's status means right now, for the line
+// under the title: for a live operation, whether recovery may take it and
+// when (countdown: seconds from now, nil when no countdown applies).
+func operationHeadline(op workflow.Operation, now time.Time) (headline, countdownText string, countdown *int) {
+	switch op.Status {
+	case workflow.StatusSucceeded:
+		if op.PolicyID != 0 {
+			return "Finished: every step is done — the policy is cancelled.", "", nil
+		}
+		return "Finished: every step is done.", "", nil
+	case workflow.StatusFailed:
+		return "Finished without cancelling: it was refused, and nothing was left half done.", "", nil
+	case workflow.StatusNeedsReconciliation:
+		for _, st := range op.Steps {
+			if st.State == workflow.StepDone || !st.External() {
+				continue
+			}
+			if st.State == workflow.StepFailed {
+				return "Waiting for a person to decide: " + deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
+			}
+			return "Waiting for a person to confirm with the " + deref(st.System) + ": the outcome of " + st.Name + " is not known, and nothing more happens on its own until they decide.", "", nil
+		}
+		return "Waiting for a person: nothing more happens on its own until they decide.", "", nil
+	}
+	// Live: recovery may claim it once its lease is over and its backoff.
+	claimable := op.LeaseExpiresAt
+	if op.NextAttemptAt != nil && (claimable == nil || op.NextAttemptAt.After(*claimable)) {
+		claimable = op.NextAttemptAt
+	}
+	secs := 0
+	if claimable != nil && claimable.After(now) {
+		secs = int(math.Ceil(claimable.Sub(now).Seconds()))
+	}
+	switch deref(op.Released) {
+	case workflow.ReleasedHandedOver:
+		headline, countdownText = "The request met an outcome it could not know and handed the operation to recovery on purpose:", "recovery may claim this in %s."
+	case workflow.ReleasedBackedOff:
+		headline, countdownText = "Recovery learned nothing on its last try and is backing off:", "recovery may claim this again in %s."
+	case workflow.ReleasedRetryRequested:
+		headline, countdownText = "A person asked for another try:", "recovery may claim this in %s."
+	default:
+		if secs == 0 {
+			headline, countdownText = "Its owner's lease has run out — the owner looks dead (a crash, a lost connection):", "recovery may claim this in %s."
+		} else {
+			owner := cmp.Or(deref(op.OwnerID), "its owner")
+			headline = "In progress: " + owner + " holds the lease and is working on it. If it stops (a crash),"
+			countdownText = "recovery may claim this in %s, when the lease runs out."
+		}
+	}
+	return headline, countdownText, &secs
+}
+
+// lastErrorShown is the last error when it still says something, with the
+// name it goes by: on a live operation, what went wrong last; on a failed
+// or waiting one, why it ended so. A succeeded operation has none.
+func lastErrorShown(op workflow.Operation) (text, label string) {
+	switch op.Status {
+	case workflow.StatusSucceeded:
+		return "", ""
+	case workflow.StatusFailed:
+		return deref(op.LastError), "Why it failed"
+	case workflow.StatusNeedsReconciliation:
+		return deref(op.LastError), "Why a person decides"
+	}
+	return deref(op.LastError), "Last error"
+}
+
+// The lines of code behind the identities, found by what they say.
+var (
+	codeKeyClaim      = codeRef{"internal/idempotency/store.go", "INSERT INTO idempotency_keys ("}
+	codeBusinessClaim = codeRef{"internal/policies/cancel.go", "ON CONFLICT (policy_id, operation_type) DO NOTHING -- the intent exists already: 0 rows"}
+	codeStepKey       = codeRef{"internal/workflow/operation.go", "func StepKey(operationID int64, step string, run int) string {"}
+)
+
+// codeRef is one line of the embedded source, by its whole trimmed text.
+type codeRef struct{ Path, Text string }
+
+func (r codeRef) where() (string, string) {
+	line := idemlab.LineOf(r.Path, r.Text)
+	return fmt.Sprintf("%s:%d", r.Path, line), CodeHref(r.Path, line)
+}
+
+// identities are the three keys that keep op from happening twice: the
+// request's Idempotency-Key, the business identity, each step's key.
+func (app *App) identities(ctx context.Context, v operationView, subject string) []views.Identity {
+	req := views.Identity{Name: "Request", Value: v.IdempotencyKey,
+		Prevents: "the same request sent twice (a double-click, a client's retry) running twice: the second gets the stored answer."}
+	switch rec, err := app.idempotency.Lookup(ctx, v.UserID, v.IdempotencyKey); {
+	case errors.Is(err, idempotency.ErrNotFound):
+		req.State = "purged after its retention: the operation stays, the key may be used afresh"
+	case err != nil:
+		req.State = "cannot be read right now"
+	case rec.Status == idempotency.StatusCompleted:
+		req.State = fmt.Sprintf("claimed, then completed: answer %d stored, replayed to every retry", rec.Response.Status)
+	case rec.LeaseExpired:
+		req.State = "claimed, its lease over: a retry with this key may take over"
+	default:
+		req.State = "claimed and leased: a retry with this key waits or is told it is in progress"
+	}
+	req.Code, req.CodeHref = codeKeyClaim.where()
+	biz := views.Identity{Name: "Business", Value: subject + " · " + v.Type,
+		State:    "one " + v.Type + " per policy, whatever the key",
+		Prevents: "a second cancellation of the same policy from another tab or a new key: it is sent to this one (duplicate-intent)."}
+	biz.Code, biz.CodeHref = codeBusinessClaim.where()
+	if v.BookingID != 0 { // the deposit saga: one operation of each type per booking
+		biz.State = "one " + v.Type + " per booking, whatever the key"
+		biz.Prevents = "a second " + strings.ToLower(sagaKind(v.Type)) + " of the same booking from another tab or a new key."
+		biz.Code, biz.CodeHref = "migrations/00010_workflow_steps.sql", CodeHref("migrations/00010_workflow_steps.sql",
+			idemlab.LineOf("migrations/00010_workflow_steps.sql", "ALTER TABLE operations ADD CONSTRAINT operations_booking_type_key UNIQUE (booking_id, operation_type);"))
+	}
+	ids := []views.Identity{req, biz}
+	for _, s := range v.Steps {
+		if !s.External() {
+			continue
+		}
+		id := views.Identity{Name: "External: " + s.Name, Value: s.Key, State: "sent as Idempotency-Key to " + deref(s.System),
+			Prevents: deref(s.System) + " applying the step twice when it is sent again (after a lost answer, a crash, by recovery)."}
+		id.Code, id.CodeHref = codeStepKey.where()
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// writerLink is a timeline line's writer ("internal/workflow/run.go:(*runner).succeed")
+// as the page shows it: the function, "path:line" and the viewer's link to
+// its declaration ("" when the line is not found).
+func writerLink(writer string) (name, where, href string) {
+	path, name, ok := strings.Cut(writer, ":")
+	if !ok {
+		return writer, "", ""
+	}
+	line := idemlab.FuncLine(path, name)
+	return name, fmt.Sprintf("%s:%d", path, line), CodeHref(path, line)
+}
+
+// boundText is a statement's values as "$1 = 42" lines.
+func boundText(raw *json.RawMessage) []string {
+	if raw == nil {
+		return nil
+	}
+	var vals []any
+	if json.Unmarshal(*raw, &vals) != nil {
+		return nil
+	}
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		shown := "NULL"
+		if v != nil {
+			if s, ok := v.(string); ok {
+				shown = "'" + s + "'"
+			} else {
+				b, _ := json.Marshal(v)
+				shown = string(b)
+			}
+		}
+		out[i] = fmt.Sprintf("$%d = %s", i+1, shown)
+	}
+	return out
 }
 
 // callText says what one exchange was.
@@ -223,7 +397,7 @@ func callText(c workflow.CallRecord) string {
 		if c.Truth != nil {
 			s += *c.Truth
 		} else {
-			s += "could not be asked — " + c.Detail
+			s += "could not be asked:"
 		}
 		return s
 	}

@@ -409,7 +409,7 @@ func (app *App) handleBookingPage(c echo.Context) error {
 		if err != nil {
 			return err
 		}
-		detail, err := app.operationDetail(ctx, v)
+		detail, err := app.operationDetail(ctx, v, u.IsAdmin())
 		if err != nil {
 			return err
 		}

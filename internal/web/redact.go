@@ -50,8 +50,10 @@ var depositRefundSummaries = map[string]string{
 }
 
 // customerOperation is op as its customer sees it: the summary for its
-// status instead of last_error, addresses out of its steps' answers.
+// status instead of last_error, addresses out of its steps' answers, and
+// no owner token (the fence is the operators' business, not a customer's).
 func customerOperation(op workflow.Operation) workflow.Operation {
+	op.OwnerToken = nil
 	if op.LastError != nil {
 		summaries := customerSummaries
 		switch {
@@ -84,6 +86,7 @@ func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
 	out := make([]workflow.CallRecord, len(calls))
 	for i, c := range calls {
 		c.Detail = redactAddresses(c.Detail)
+		c.OwnerToken = nil
 		out[i] = c
 	}
 	return out
@@ -119,12 +122,21 @@ func redactAddresses(s string) string {
 	return addresses.ReplaceAllString(s, "the provider")
 }
 
-// customerTimeline is a timeline with addresses taken out of its details.
+// customerTimeline is a timeline with addresses taken out of its details
+// and owner tokens out of its lines and their statements' values.
 func customerTimeline(events []workflow.Event) []workflow.Event {
 	out := make([]workflow.Event, len(events))
 	for i, e := range events {
 		e.Detail = redactAddresses(e.Detail)
+		e.OwnerToken = nil
+		if e.Bound != nil {
+			b := json.RawMessage(uuids.ReplaceAll(*e.Bound, []byte("owner token (admins only)")))
+			e.Bound = &b
+		}
 		out[i] = e
 	}
 	return out
 }
+
+// uuids are owner tokens, wherever they appear in a statement's values.
+var uuids = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)

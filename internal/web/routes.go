@@ -32,6 +32,8 @@ func (app *App) routes() *echo.Echo {
 		// token, no session, no CSRF; the consumer rule answers.
 		e.POST(events.PushPath+":consumer", echo.WrapHandler(app.tasksPush))
 	}
+	e.StaticFS("/static", views.Static)          // vendored htmx and Pico, app.css, app.js
+	e.GET("/static/code.css", app.handleCodeCSS) // the code viewer's highlighting
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}
@@ -101,6 +103,7 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/payments", app.handlePaymentsPage, signedIn...)                                     // the fake payments service: faults, ledger, refunds by mode
 	e.GET("/recovery", app.handleRecoveryPage, page...)                                         // the recovery loops at work (everyone)
 	e.GET("/recovery/panel", app.handleRecoveryPanel, page...)                                  // its htmx partial
+	e.GET("/code/*", app.handleCodePage, page...)                                               // idemlab's own source, read-only: a file by line (#L120) or a folder
 
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.

@@ -193,6 +193,10 @@ type runner struct {
 	events []event
 	// memo is what the steps of the transaction under way remembered (memo.go).
 	memo *memo
+	// lastSQL and lastArgs are the statement the runner ran last and its
+	// values (ran), for the timeline line that reports it.
+	lastSQL  string
+	lastArgs []any
 }
 
 func (e *Engine) runner(def *Definition, op Operation, actor string) *runner {

@@ -31,6 +31,10 @@ type Event struct {
 	Branch *string `json:"branch,omitempty"`
 	// Step is the step the event is about (nil: the operation as a whole).
 	Step *string `json:"step,omitempty"`
+	// Writer is the function that wrote it, "path/file.go:Func" (nil on
+	// lines older than the column); Bound is Statement's values, $1 first.
+	Writer *string          `json:"writer,omitempty"`
+	Bound  *json.RawMessage `json:"bound,omitempty"`
 }
 
 // CallRecord is one line of the log of exchanges with other systems.
@@ -131,7 +135,8 @@ func (e *Engine) OperationOf(ctx context.Context, typ string, policyID int64) (O
 // Timeline returns the operation's events, oldest first.
 func (e *Engine) Timeline(ctx context.Context, operationID int64) ([]Event, error) {
 	rows, err := e.pool.Query(ctx, `
-		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch, step
+		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch, step,
+		       writer, bound
 		  FROM operation_events
 		 WHERE operation_id = $1
 		 ORDER BY id`, operationID)

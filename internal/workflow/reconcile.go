@@ -243,6 +243,7 @@ func (e *Engine) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (Op
 	}
 	took.Steps = seen.Steps
 	r.op, r.token = took, *took.OwnerToken
+	r.ran(sqlDecide, []any{seen.ID, req.SeenUpdatedAt, req.Actor})
 	note := fmt.Sprintf(" (by %s, seeing %s %s)", cmp.Or(req.DecidedBy, req.Actor), item.Facts.System, truthSeen(req.TruthSeen))
 	if req.Note != "" {
 		note += " — " + req.Note

@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,7 @@ func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("workflow: insert steps: %w", err)
 	}
+	r.ran(sqlInsertSteps, []any{r.op.ID, r.op.Run, names, keys, systems})
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
 	if err != nil {
 		return fmt.Errorf("workflow: insert steps: %w", err)
@@ -478,8 +480,9 @@ func (r *runner) writeStep(ctx context.Context, tx pgx.Tx, i int, sql string, ar
 // those columns, after the step's, go to extra.
 func (r *runner) writeStepScan(ctx context.Context, tx pgx.Tx, i int, sql string, extra []any, args ...any) error {
 	rec := r.record(i)
+	args = append([]any{r.op.ID, r.token, r.op.Run, rec.Name}, args...)
 	var got StepRecord
-	err := tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token, r.op.Run, rec.Name}, args...)...).Scan(append(stepDest(&got), extra...)...)
+	err := tx.QueryRow(ctx, sql, args...).Scan(append(stepDest(&got), extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r.whyNoRows(ctx, tx, fmt.Sprintf("step %s is %s", rec.Name, rec.State))
 	}
@@ -487,6 +490,7 @@ func (r *runner) writeStepScan(ctx context.Context, tx pgx.Tx, i int, sql string
 		return fmt.Errorf("workflow: write step %s: %w", rec.Name, err)
 	}
 	r.op.Steps[i] = got
+	r.ran(sql, args)
 	return nil
 }
 
@@ -568,7 +572,8 @@ func (r *runner) reconcile(ctx context.Context, tx pgx.Tx, reaskAt *time.Time, w
 // operation and token) and records its event with detail.
 func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, args ...any) error {
 	from := r.op.Status
-	op, err := scanOperation(tx.QueryRow(ctx, sql, append([]any{r.op.ID, r.token}, args...)...))
+	args = append([]any{r.op.ID, r.token}, args...)
+	op, err := scanOperation(tx.QueryRow(ctx, sql, args...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -577,6 +582,7 @@ func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, 
 	}
 	op.Steps = r.op.Steps
 	r.op = op
+	r.ran(sql, args)
 	return r.event(ctx, tx, from, "", detail, sql)
 }
 
@@ -586,17 +592,29 @@ func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, 
 // transaction that made them — so the timeline never shows what rolled
 // back, and a transaction of six steps costs one insert, not six.
 func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, statement string) error {
-	r.events = append(r.events, event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
-		detail: detail, statement: statement})
+	ev := event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
+		detail: detail, statement: statement, writer: writerOf()}
+	if statement != "" && statement == r.lastSQL {
+		ev.bound = r.lastArgs
+	}
+	r.events = append(r.events, ev)
 	return nil
 }
 
+// ran notes the statement the runner just ran and its values, for the
+// timeline line that reports it (event attaches them when it names the
+// same statement).
+func (r *runner) ran(sql string, args []any) { r.lastSQL, r.lastArgs = sql, args }
+
 const sqlInsertEvents = `
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
+                              writer, bound)
 SELECT operation_id, nullif(from_status, ''), to_status, actor, owner_token::uuid, detail, statement,
-       nullif(branch, ''), nullif(step, '')
-  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step, n)
+       nullif(branch, ''), nullif(step, ''), nullif(writer, ''), bound::jsonb
+  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
+              $10::text[], $11::text[])
+       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
+                            writer, bound, n)
  ORDER BY n -- in the order they happened: the timeline reads by id`
 
 // flush writes, in tx, the timeline lines and status queries noted since
@@ -620,11 +638,14 @@ func insertEvents(ctx context.Context, tx pgx.Tx, evs []event) error {
 	}
 	ids, from, to, actors, tokens := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
 	details, statements, branches, steps := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	writers, bound := make([]string, n), make([]*string, n)
 	for i, ev := range evs {
 		ids[i], from[i], to[i], actors[i], tokens[i] = ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken
 		details[i], statements[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
+		writers[i], bound[i] = ev.writer, boundJSON(ev.bound)
 	}
-	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, statements, branches, steps); err != nil {
+	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, statements, branches, steps,
+		writers, bound); err != nil {
 		return fmt.Errorf("workflow: record events: %w", err)
 	}
 	return nil
@@ -645,15 +666,19 @@ func (r *runner) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
 type event struct {
 	op                                           Operation
 	from, actor, branch, step, detail, statement string
+	writer                                       string // writerOf: the function that wrote it
+	bound                                        []any  // statement's values, $1 first (nil: not known)
 }
 
 // recordEvent appends ev in db's transaction, so the timeline never shows
 // what rolled back.
 func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
 	_, err := db.Exec(ctx, `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
-		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''))`,
-		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step)
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
+		                              writer, bound)
+		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''), nullif($10, ''), $11::jsonb)`,
+		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step,
+		cmp.Or(ev.writer, writerOf()), boundJSON(ev.bound))
 	if err != nil {
 		return fmt.Errorf("workflow: record event: %w", err)
 	}
@@ -672,12 +697,12 @@ func (r *runner) fenced(ctx context.Context, err error) error {
 	}
 	r.e.metrics.fenced.WithLabelValues(r.def.Type).Inc()
 	_, logErr := r.e.pool.Exec(context.WithoutCancel(ctx), `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch)
-		SELECT id, status, status, $2, $3::uuid, $4, $5
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch, writer)
+		SELECT id, status, status, $2, $3::uuid, $4, $5, $6
 		  FROM operations
 		 WHERE id = $1`, r.op.ID, r.actor, r.token,
 		"a late write was refused: this owner token no longer owns the operation, so nothing it meant to write was written",
-		BranchFenced)
+		BranchFenced, writerOf())
 	if logErr != nil {
 		r.e.cfg.Logger.Warn("workflow: could not record a fenced write", "operation", r.op.ID, "err", logErr)
 	}

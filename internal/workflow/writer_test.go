@@ -1,0 +1,32 @@
+package workflow
+
+import "testing"
+
+func TestSplitFuncNamesTheWriter(t *testing.T) {
+	for full, want := range map[string][2]string{
+		"github.com/idemlab/idemlab/internal/workflow.(*runner).succeed":               {"internal/workflow", "(*runner).succeed"},
+		"github.com/idemlab/idemlab/internal/workflow.(*Engine).claimSkipLocked.func1": {"internal/workflow", "(*Engine).claimSkipLocked"},
+		"github.com/idemlab/idemlab/internal/workflow.(*runner).advance.func2.1":       {"internal/workflow", "(*runner).advance"},
+		"github.com/idemlab/idemlab/internal/workflow.recordRetry":                     {"internal/workflow", "recordRetry"},
+		"github.com/idemlab/idemlab/internal/workflow.run[...]":                        {"internal/workflow", "run"},
+		"github.com/idemlab/idemlab/internal/policies.(*Canceller).Cancel":             {"internal/policies", "(*Canceller).Cancel"},
+	} {
+		pkg, name, ok := splitFunc(full)
+		if !ok || pkg != want[0] || name != want[1] {
+			t.Errorf("splitFunc(%q) = %q, %q, %v; want %q", full, pkg, name, ok, want)
+		}
+	}
+	for _, full := range []string{"github.com/jackc/pgx/v5.BeginFunc", "runtime.goexit", "main.main"} {
+		if _, _, ok := splitFunc(full); ok {
+			t.Errorf("splitFunc(%q) claims a function of this repository", full)
+		}
+	}
+}
+
+func TestWriterOfSkipsThePlumbing(t *testing.T) {
+	var r runner
+	r.event(nil, nil, "", "", "", "")
+	if got := r.events[0].writer; got != "internal/workflow/writer_test.go:TestWriterOfSkipsThePlumbing" {
+		t.Errorf("writer = %q", got)
+	}
+}

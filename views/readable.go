@@ -1,0 +1,115 @@
+package views
+
+import (
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Readable errors. The texts the workflow and recovery record are Go error
+// chains — "provider: status 7:provider_cancel: external: unreachable:
+// unexpected HTTP status 503: {…}" — precise for whoever debugs, hard for
+// whoever reads the page. ReadableError shows a one-line summary in words
+// and keeps the chain, as recorded, folded under it.
+
+// chainStart is where a Go error chain begins in a text: a package prefix
+// ("provider: ") at the start or after another clause's ": ".
+var chainStart = regexp.MustCompile(`(^|: )[a-z][a-z0-9]*: `)
+
+// httpStatus finds the status code in "unexpected HTTP status 503" or
+// "(HTTP 503)".
+var httpStatus = regexp.MustCompile(`HTTP (?:status )?(\d{3})`)
+
+// systems are the packages whose name is also the system a reader knows.
+var systems = map[string]string{"provider": "the provider", "payments": "the payments service"}
+
+// ErrorSummary splits text into a one-line summary for people and the raw
+// chain it came from. raw is "" when text already reads as a sentence (no
+// chain, no JSON, short): then summary is text itself.
+func ErrorSummary(text string) (summary, raw string) {
+	text = strings.TrimSpace(text)
+	loc := chainStart.FindStringIndex(text)
+	if loc == nil && !strings.Contains(text, "{") && utf8.RuneCountInString(text) <= 160 {
+		return text, ""
+	}
+	head, chain := text, ""
+	if loc != nil {
+		head, chain = strings.TrimSuffix(text[:loc[0]], ":"), text[loc[0]:]
+		chain = strings.TrimPrefix(chain, ": ")
+	}
+	who := "the other system"
+	if loc != nil {
+		pkg, _, _ := strings.Cut(chain, ":")
+		if s, ok := systems[pkg]; ok {
+			who = s
+		}
+	}
+	reason := errorReason(who, chain)
+	if reason == "" && loc == nil { // long text, or JSON, without a chain
+		return firstWords(text, 120), text
+	}
+	switch {
+	case head == "":
+		summary = capitalize(reason)
+	case reason == "":
+		summary = head
+	default:
+		summary = head + ": " + reason
+	}
+	return summary, text
+}
+
+// errorReason says in words what a chain reports, for the usual causes.
+func errorReason(who, chain string) string {
+	lower := strings.ToLower(chain)
+	switch {
+	case chain == "":
+		return ""
+	case httpStatus.MatchString(chain):
+		code := httpStatus.FindStringSubmatch(chain)[1]
+		return who + " answered with an error (HTTP " + code + ")"
+	case strings.Contains(lower, "deadline exceeded") || strings.Contains(lower, "timeout") || strings.Contains(lower, "timed out"):
+		return "no answer from " + who + " in time"
+	case strings.Contains(lower, "connection refused") || strings.Contains(lower, "no such host") ||
+		strings.Contains(lower, "connection reset") || strings.Contains(lower, "eof"):
+		return who + " could not be reached"
+	case strings.Contains(lower, "unreachable"):
+		return who + " could not be reached"
+	case strings.Contains(lower, "not found"):
+		return "not found"
+	}
+	// Otherwise the chain's own words, without the package prefixes.
+	plain := chain
+	for {
+		next := chainStart.ReplaceAllString(plain, "$1")
+		if next == plain {
+			break
+		}
+		plain = next
+	}
+	return firstWords(plain, 120)
+}
+
+// firstWords is s cut at a word boundary to about n characters.
+func firstWords(s string, n int) string {
+	if i := strings.IndexAny(s, "{\n"); i > 0 {
+		s = strings.TrimRight(s[:i], " :")
+	}
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)[:n]
+	if i := strings.LastIndex(string(r), " "); i > n/2 {
+		return string(r[:i]) + " …"
+	}
+	return string(r) + "…"
+}
+
+func capitalize(s string) string {
+	r, size := utf8.DecodeRuneInString(s)
+	if r == utf8.RuneError {
+		return s
+	}
+	return string(unicode.ToUpper(r)) + s[size:]
+}
