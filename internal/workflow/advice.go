@@ -232,10 +232,10 @@ func (f Facts) why() string {
 	switch f.Then {
 	case "":
 		if f.Idempotent {
-			return used + " and its last status query got no answer. " + f.System +
+			return used + " and its last status query got no answer. " + sentence(f.System) +
 				" is believed idempotent, so sending the call again is safe, but the attempts were used up."
 		}
-		return used + " and its last status query got no answer. " + f.System +
+		return used + " and its last status query got no answer. " + sentence(f.System) +
 			" is not believed idempotent, so sending the call again without knowing could apply it twice."
 	case external.TruthRunning:
 		return used + " while " + f.System + " kept saying RUNNING."
