@@ -239,6 +239,9 @@ func TestBrowserOperationPageSaysWhatIsHappening(t *testing.T) {
 	if marked == "" || strings.HasPrefix(marked, "rgba(0, 0, 0, 0)") || !strings.Contains(marked, "func ") {
 		t.Errorf("the linked line is not marked: %q", marked)
 	}
+	if err := chromedp.Run(ctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+		t.Fatal(err)
+	}
 	browsertest.Screenshot(ctx, t, "code-1280")
 	for path, want := range map[string]int{
 		"/code/":                             200,
@@ -256,6 +259,7 @@ func TestBrowserOperationPageSaysWhatIsHappening(t *testing.T) {
 	// An admin sees the fencing token and the SQL's values.
 	var bound string
 	err = chromedp.Run(ctx,
+		chromedp.EmulateViewport(1280, 900),
 		chromedp.Navigate(s.URL+"/signin"),
 		chromedp.Click(`[data-testid="sign-out"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`a[href="/signin"]`, chromedp.ByQuery),
@@ -276,7 +280,7 @@ func TestBrowserOperationPageSaysWhatIsHappening(t *testing.T) {
 	if !strings.Contains(bound, fmt.Sprintf("$1 = %d", crashedOp)) {
 		t.Errorf("the SQL's values: %q", bound)
 	}
-	browsertest.Screenshot(ctx, t, "admin-1280")
+	shoot(t, ctx, "admin")
 
 	// Every line with a statement in the database names a function that the
 	// embedded source declares.
