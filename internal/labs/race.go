@@ -281,7 +281,8 @@ func freshSlot(ctx context.Context, db database.DBTX) (int64, error) {
 	err := db.QueryRow(ctx, `
 		INSERT INTO slots (resource, starts_at, ends_at)
 		SELECT $1, next.t, next.t + interval '1 hour'
-		  FROM (SELECT coalesce(max(starts_at) + interval '1 hour', date_trunc('hour', now())) AS t
+		  -- the hour after the lab's last slot, and never one that has begun
+		  FROM (SELECT greatest(max(starts_at) + interval '1 hour', date_trunc('hour', now()) + interval '1 hour') AS t
 		          FROM slots
 		         WHERE resource = $1) AS next
 		RETURNING id`, RaceResource).Scan(&id)

@@ -109,7 +109,7 @@ func businessSlots(t testing.TB, pool *pgxpool.Pool, n int) []int64 {
 	rows, err := pool.Query(context.Background(), `
 		INSERT INTO slots (resource, starts_at, ends_at)
 		SELECT 'Room A', t, t + interval '1 hour'
-		  FROM generate_series(date_trunc('hour', now()), date_trunc('hour', now()) + ($1 - 1) * interval '1 hour', interval '1 hour') AS t
+		  FROM generate_series(date_trunc('hour', now()) + interval '1 hour', date_trunc('hour', now()) + $1 * interval '1 hour', interval '1 hour') AS t
 		RETURNING id`, n)
 	if err != nil {
 		t.Fatal(err)

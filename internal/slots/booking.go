@@ -29,6 +29,10 @@ var (
 	// charged. Returned as a *SlotHeldError saying until when; distinct
 	// from ErrSlotTaken, since the slot may come free again.
 	ErrSlotHeld = errors.New("slots: the slot is held for another booking while its deposit is charged")
+	// ErrSlotInPast: the slot has begun (its start is not after the
+	// database's now()), so it can no longer be booked or held. An outcome
+	// too: 409 slot-in-past, stored with the key.
+	ErrSlotInPast = errors.New("slots: the slot has already begun")
 	// ErrBookingNotFound is returned for an unknown booking and for another
 	// customer's booking alike.
 	ErrBookingNotFound = errors.New("slots: booking not found")
@@ -203,7 +207,8 @@ func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace)
 		       booking_id = nextval(pg_get_serial_sequence('bookings', 'id'))
 		 WHERE id = $1
 		   AND status = 'AVAILABLE' -- 0 rows: someone else took it (or no such slot) …
-		   AND deposit_cents IS NULL -- … or it needs a deposit: the deposit saga books it
+		   AND deposit_cents IS NULL -- … or it needs a deposit: the deposit saga books it …
+		   AND starts_at > now()     -- … or it has begun: the past is not for sale
 		RETURNING booking_id`, slotID).Scan(&bookingID)
 	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -222,10 +227,10 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 	start := time.Now()
 	var st slotState
 	err := tx.QueryRow(ctx, `
-		SELECT status, held_until, deposit_cents IS NOT NULL
+		SELECT status, held_until, deposit_cents IS NOT NULL, starts_at <= now()
 		  FROM slots
 		 WHERE id = $1
-		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
+		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit, &st.begun)
 	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNotFound
@@ -259,9 +264,9 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause time.Duration, tr *Trace) (Booking, Trace, error) {
 	var st slotState
 	err := tx.QueryRow(ctx, `
-		SELECT status, held_until, deposit_cents IS NOT NULL
+		SELECT status, held_until, deposit_cents IS NOT NULL, starts_at <= now()
 		  FROM slots
-		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
+		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit, &st.begun)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Booking{}, *tr, ErrNotFound
 	}
@@ -333,6 +338,7 @@ type slotState struct {
 	status    string
 	heldUntil *time.Time
 	deposit   bool
+	begun     bool // starts_at <= now(): too late to book or hold
 }
 
 // refusal says why a plain booking cannot take the slot now (nil: it can).
@@ -340,6 +346,8 @@ type slotState struct {
 // answer for: the request may be the very one that holds it, come back.
 func (st slotState) refusal(slotID int64) error {
 	switch {
+	case st.begun:
+		return ErrSlotInPast
 	case st.deposit:
 		return errDepositRequired
 	case st.status != StatusAvailable:
@@ -350,6 +358,9 @@ func (st slotState) refusal(slotID int64) error {
 
 // holdRefusal says why the deposit saga's hold could not take the slot.
 func (st slotState) holdRefusal(slotID int64) error {
+	if st.begun {
+		return ErrSlotInPast
+	}
 	if st.status == StatusHeld {
 		return &SlotHeldError{SlotID: slotID, Until: *st.heldUntil}
 	}
@@ -374,9 +385,9 @@ func takenOrMissing(ctx context.Context, db database.DBTX, slotID int64) error {
 func readSlotState(ctx context.Context, db database.DBTX, slotID int64) (slotState, error) {
 	var st slotState
 	err := db.QueryRow(ctx, `
-		SELECT status, held_until, deposit_cents IS NOT NULL
+		SELECT status, held_until, deposit_cents IS NOT NULL, starts_at <= now()
 		  FROM slots
-		 WHERE id = $1`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit)
+		 WHERE id = $1`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit, &st.begun)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, ErrNotFound
 	}

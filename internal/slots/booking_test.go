@@ -33,8 +33,8 @@ func fixture(t testing.TB, pool *pgxpool.Pool, nUsers, nSlots int) (users, slotI
 	}
 	rows, err = pool.Query(ctx, `
 		INSERT INTO slots (resource, starts_at, ends_at)
-		SELECT 'room', '2026-12-01 09:00Z'::timestamptz + make_interval(hours => i),
-		       '2026-12-01 10:00Z'::timestamptz + make_interval(hours => i)
+		SELECT 'room', date_trunc('hour', now()) + make_interval(hours => i),
+		       date_trunc('hour', now()) + make_interval(hours => i + 1)
 		  FROM generate_series(1, $1) AS i
 		RETURNING id`, nSlots)
 	if err != nil {
@@ -279,4 +279,37 @@ func BenchmarkBookUnderContention(b *testing.B) {
 			assertSlotInvariant(b, db.Pool)
 		})
 	}
+}
+
+// A slot that has begun cannot be booked, whichever strategy decides: the
+// refusal is ErrSlotInPast (not "taken", not "not found") and nothing is
+// written. A slot a minute ahead still can be.
+func TestPastSlotsCannotBeBooked(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	users, ids := fixture(t, db.Pool, 1, 2)
+	if _, err := db.Pool.Exec(ctx, `
+		UPDATE slots SET starts_at = now() - interval '5 minutes', ends_at = now() + interval '55 minutes' WHERE id = $1;`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		UPDATE slots SET starts_at = now() + interval '1 minute', ends_at = now() + interval '61 minutes' WHERE id = $1`, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	st := slots.NewStore(db.Pool)
+	for _, strategy := range slots.Strategies {
+		if _, _, err := book(ctx, db.Pool, st, strategy, ids[0], users[0]); !errors.Is(err, slots.ErrSlotInPast) {
+			t.Errorf("%s: booking a slot that began 5 minutes ago: %v, want ErrSlotInPast", strategy, err)
+		}
+	}
+	var bookings int
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM bookings`).Scan(&bookings)
+	if bookings != 0 {
+		t.Fatalf("%d bookings written for a past slot", bookings)
+	}
+	if _, _, err := book(ctx, db.Pool, st, slots.ConditionalUpdate, ids[1], users[0]); err != nil {
+		t.Fatalf("a slot a minute ahead: %v", err)
+	}
+	assertSlotInvariant(t, db.Pool)
 }

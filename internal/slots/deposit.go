@@ -191,6 +191,7 @@ WITH held AS (
      WHERE id = $1
        AND status = 'AVAILABLE' -- 0 rows: someone holds or booked it (or no such slot)
        AND deposit_cents IS NOT NULL -- the saga is for slots that need a deposit
+       AND starts_at > now() -- 0 rows too: it has begun
     RETURNING id, booking_id, deposit_cents
 ), booking AS (
     INSERT INTO bookings (id, slot_id, user_id, status, deposit_cents)

@@ -57,7 +57,7 @@ type BookSlot struct {
 }
 
 // Book gives the slot to the user. It returns the booking; or a refusal —
-// ErrSlotTaken, ErrNotFound, marked with workflow.Refused — that was passed
+// ErrSlotTaken, ErrSlotInPast, ErrNotFound, marked with workflow.Refused — that was passed
 // to hooks.Finish and committed with the claim; or a failure, after which
 // nothing was committed.
 //
@@ -149,6 +149,6 @@ func changed(b Booking, at time.Time) events.BookingChanged {
 // isRefusal reports the business "no"s of booking and release: answers, not
 // failures, stored and replayed like a success.
 func isRefusal(err error) bool {
-	return errors.Is(err, ErrSlotTaken) || errors.Is(err, ErrSlotHeld) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCancelUnderWay) ||
+	return errors.Is(err, ErrSlotTaken) || errors.Is(err, ErrSlotHeld) || errors.Is(err, ErrSlotInPast) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrCancelUnderWay) ||
 		errors.Is(err, ErrBookingNotFound) || errors.Is(err, ErrBookingNotConfirmed)
 }

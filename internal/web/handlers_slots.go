@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -72,7 +73,7 @@ func (app *App) handleSlotsPage(c echo.Context) error {
 		mineBySlot[b.SlotID] = b.ID
 	}
 	p := app.page(c, "Slots", "slots")
-	vm := views.SlotsView{Grids: slotGrids(all, mineBySlot, u.IsAdmin()), Mine: len(mineBySlot)}
+	vm := views.SlotsView{Grids: slotGrids(all, mineBySlot, u.IsAdmin(), time.Now()), Mine: len(mineBySlot), Zone: "UTC"}
 	if notice := c.QueryParam("notice"); notice != "" {
 		slotID, _ := strconv.ParseInt(c.QueryParam("slot"), 10, 64)
 		var subject *slots.Slot
@@ -92,7 +93,7 @@ func (app *App) handleSlotsPage(c echo.Context) error {
 // slotGrids arranges slots as one grid per resource: hours down, days
 // across. Each free slot and each of the user's bookings gets a form with an
 // idempotency key minted now, for this rendering.
-func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []views.SlotGrid {
+func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool, now time.Time) []views.SlotGrid {
 	type cellKey struct{ day, hour string }
 	var order []string
 	byRes := map[string]map[cellKey]*views.SlotCell{}
@@ -112,11 +113,13 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool) []view
 			hourSet[h] = true
 			hours = append(hours, h)
 		}
-		cell := &views.SlotCell{ID: s.ID, Status: s.Status, Name: slotName(s)}
+		cell := &views.SlotCell{ID: s.ID, Status: s.Status, Name: slotName(s), Past: !s.StartsAt.After(now)}
 		if s.DepositCents != nil {
 			cell.Deposit = fmt.Sprintf("%d.%02d", *s.DepositCents/100, *s.DepositCents%100)
 		}
 		switch bookingID, yours := mineBySlot[s.ID]; {
+		case cell.Past:
+			// begun: nothing to book or release (the server refuses it too, 409 slot-in-past)
 		case s.Status == slots.StatusHeld:
 			cell.HeldUntil = s.HeldUntil.UTC().Format("15:04")
 			cell.Mine, cell.BookingID = yours, bookingID // no form: a hold is the saga's until it ends
@@ -206,6 +209,8 @@ func (app *App) handleBookSlotForm(c echo.Context) error {
 			return redirectAnswer(slotsNoticeURL(noticeSlotTaken, id))
 		case errors.Is(refusal, slots.ErrSlotHeld):
 			return redirectAnswer(slotsNoticeURL(noticeSlotHeld, id))
+		case errors.Is(refusal, slots.ErrSlotInPast):
+			return redirectAnswer(slotsNoticeURL(noticeSlotInPast, id))
 		case refusal != nil:
 			return app.refusalPage(c, refusal)
 		case b.Operation != nil:
@@ -325,6 +330,7 @@ const (
 	noticeBooked          = "booked"
 	noticeSlotTaken       = "slot-taken"
 	noticeSlotHeld        = "slot-held"
+	noticeSlotInPast      = "slot-in-past"
 	noticeReleased        = "released"
 	noticeAlreadyReleased = "already-released"
 	noticeAlreadyYours    = "already-yours" // chosen at render: slot-taken by yourself
@@ -355,6 +361,8 @@ func slotNotice(notice string, s *slots.Slot) string {
 		}
 		return name + " is held for someone else's booking while their deposit is charged" + until +
 			". Nothing was booked for you — it comes free only if their deposit is refused."
+	case noticeSlotInPast:
+		return name + " has already begun, so it can no longer be booked. Nothing was booked — pick a later slot."
 	case noticeAlreadyYours:
 		return name + " is already yours (booked from another tab or an earlier click). Nothing else was booked."
 	case noticeReleased:
@@ -366,9 +374,10 @@ func slotNotice(notice string, s *slots.Slot) string {
 	}
 }
 
-// slotName is how people read a slot: "Consulting room 1, Tue 3 Dec 10:00".
+// slotName is how people read a slot: "Consulting room 1, Tue 3 Dec 10:00 UTC".
+// Slots are kept as timestamptz and shown in UTC, always with the zone.
 func slotName(s slots.Slot) string {
-	return s.Resource + ", " + s.StartsAt.UTC().Format("Mon 2 Jan 15:04")
+	return s.Resource + ", " + s.StartsAt.UTC().Format("Mon 2 Jan 15:04 MST")
 }
 
 // handleBookingPage: GET /bookings/:id — one of your bookings (any, for an
