@@ -152,3 +152,14 @@ func times(what string, n int64) string {
 	}
 	return what + " " + strconv.FormatInt(n, 10) + " times"
 }
+
+// labTry is a lab page's "try this": run it, then read the count that
+// should be zero.
+func labTry(l LabInfo) string {
+	for _, c := range l.Columns {
+		if c.Bad {
+			return "press Run the lab, then compare “" + c.Label + "”: above zero for the broken variant, zero for the correct one. Run it again: the same numbers."
+		}
+	}
+	return "press Run the lab, then compare the two rows and the two timelines."
+}

@@ -30,6 +30,15 @@ type Page struct {
 	Flash string
 	// Waiting is how many operations wait for a person (admins: the nav's badge).
 	Waiting int
+	// Demo is DEMO_MODE: the header offers the other demo accounts
+	// (SwitchTo) in one click, and admins a link to the demo controls.
+	Demo     bool
+	SwitchTo []Account
+	// Path is this page's own path, where a switch of user comes back to.
+	Path string
+	// Broken, for an admin, is what /api/v1/invariants reports violated
+	// (a recent check, cached): a red banner on every page while it is not empty.
+	Broken []string
 }
 
 // User is the signed-in user as the layout shows it.

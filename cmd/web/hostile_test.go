@@ -79,6 +79,7 @@ var hostileRoutes = map[string]routeSpec{
 	"GET /metrics":         {access: public},
 	"GET /static*":         {access: public},
 	"GET /static/*":        {access: public},
+	"GET /favicon.ico":     {access: public},
 	"GET /":                {access: pageAny},
 	"GET /signin":          {access: pageAny},
 	"POST /signin":         {access: pageAny, text: []string{"name"}, form: url.Values{"name": {"alice"}}},
@@ -164,6 +165,8 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /reconciliation/ask":            {access: adminPage, form: url.Values{"id": {"1"}}},
 	"POST /reconciliation/decide": {access: adminPage, keyed: true, text: []string{"note"}, form: url.Values{
 		"action": {"retry"}, "item": {"1|2026-01-01T00:00:00Z|UNKNOWN"}, "note": {"ok"}}},
+	"GET /admin/demo":   {access: adminPage},
+	"POST /admin/reset": {access: adminPage}, // never with confirm=reset: every case must write nothing
 }
 
 // Hostile values.

@@ -1,5 +1,5 @@
 // Package demo seeds the data a newcomer needs to click through idemlab:
-// three customers and an admin with known API tokens, a handful of policies
+// three customers and an admin with known API tokens, twenty policies
 // each, and a week of bookable slots.
 //
 // Seeding is idempotent (every insert is ON CONFLICT DO NOTHING on a natural
@@ -73,12 +73,33 @@ const (
 	DepositCents    = 2500
 )
 
-// PoliciesPerCustomer is how many policies each demo customer owns.
-const PoliciesPerCustomer = 5
+// PoliciesPerCustomer is how many policies each demo customer owns: sixty
+// in all, so a walk-through that cancels a few under every fault does not
+// run out.
+const PoliciesPerCustomer = 20
+
+// SlotDays, SlotFirstHour and SlotHours shape the seeded week: hourly slots
+// from 09:00 to 17:00 UTC on the seven days from tomorrow, for each
+// resource — all in the future, so every seeded slot can be booked.
+const (
+	SlotDays      = 7
+	SlotFirstHour = 9
+	SlotHours     = 8
+)
+
+// SeededSlots is how many slots Seed (and the default reset) creates.
+var SeededSlots = SlotDays * SlotHours * len(Resources)
+
+// DefaultDataset is the reset's default: the demo accounts and nobody else,
+// their policies, a week of slots and a week of deposit slots — what Seed
+// gives a new database.
+func DefaultDataset() Dataset {
+	return Dataset{Users: 0, PoliciesPerUser: PoliciesPerCustomer, Slots: SeededSlots, DepositSlots: SlotDays * SlotHours}
+}
 
 // Seed creates the accounts (updating their tokens), their policies, and —
-// when there are no slots yet — hourly slots from 09:00 to 17:00 UTC on the
-// seven days starting at today, for each resource.
+// when no slot lies in the future (a new database, or one a week old) — the
+// week of slots SlotDays describes.
 func Seed(ctx context.Context, pool *pgxpool.Pool, accounts []Account, today time.Time) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, a := range accounts {
@@ -130,34 +151,33 @@ func seedPolicies(ctx context.Context, tx pgx.Tx, userID int64, name string, n i
 
 func seedSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
 	var any bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM slots)`).Scan(&any); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM slots WHERE starts_at > $1 AND resource = ANY($2))`, today, Resources).Scan(&any); err != nil {
 		return fmt.Errorf("demo: seed slots: %w", err)
 	}
 	if any {
 		return nil
 	}
-	day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
 	_, err := tx.Exec(ctx, `
 		INSERT INTO slots (resource, starts_at, ends_at)
 		SELECT r.resource,
 		       $2::timestamptz + make_interval(days => d, hours => h),
 		       $2::timestamptz + make_interval(days => d, hours => h + 1)
-		  FROM generate_series(0, 6) AS d,
-		       generate_series(9, 16) AS h,
+		  FROM generate_series(0, $3::int - 1) AS d,
+		       generate_series($4::int, $4::int + $5::int - 1) AS h,
 		       unnest($1::text[]) WITH ORDINALITY AS r(resource, ord)
 		 ORDER BY d, h, r.ord
 		ON CONFLICT (resource, starts_at) DO NOTHING -- replicas seeding at once insert once`,
-		Resources, day)
+		Resources, tomorrow(today), SlotDays, SlotFirstHour, SlotHours)
 	if err != nil {
 		return fmt.Errorf("demo: seed slots: %w", err)
 	}
 	return nil
 }
 
-// seedDepositSlots adds the deposit resource's week of slots when it has
-// none yet (a database seeded before the deposit saga gets them too).
+// seedDepositSlots adds the deposit resource's week of slots, from
+// tomorrow, when none lies in the future (a database seeded before the
+// deposit saga gets them too).
 func seedDepositSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
-	day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
 	_, err := tx.Exec(ctx, `
 		INSERT INTO slots (resource, starts_at, ends_at, deposit_cents)
 		SELECT $1,
@@ -166,14 +186,20 @@ func seedDepositSlots(ctx context.Context, tx pgx.Tx, today time.Time) error {
 		       $3
 		  FROM generate_series(0, 6) AS d,
 		       generate_series(9, 16) AS h
-		 WHERE NOT EXISTS (SELECT 1 FROM slots WHERE resource = $1) -- seeded once
+		 WHERE NOT EXISTS (SELECT 1 FROM slots WHERE resource = $1 AND starts_at > now()) -- a week at a time
 		 ORDER BY d, h
 		ON CONFLICT (resource, starts_at) DO NOTHING -- replicas seeding at once insert once`,
-		DepositResource, day, DepositCents)
+		DepositResource, tomorrow(today), DepositCents)
 	if err != nil {
 		return fmt.Errorf("demo: seed deposit slots: %w", err)
 	}
 	return nil
+}
+
+// tomorrow is midnight UTC at the start of the day after today's.
+func tomorrow(today time.Time) time.Time {
+	t := today.UTC()
+	return time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, time.UTC)
 }
 
 // AccountsWithDefaultTokens names the accounts whose API token is still one

@@ -141,24 +141,27 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 			 ORDER BY u.id, i`, d.PoliciesPerUser, today.UTC().Format(time.DateOnly)); err != nil {
 			return fmt.Errorf("demo: reset policies: %w", err)
 		}
-		day := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+		// Seed's shape, from tomorrow: each resource's hours from 09:00, day
+		// after day, as many as the dataset asks for — every slot in the
+		// future, so every one can be booked.
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO slots (resource, starts_at, ends_at)
-			SELECT ($1::text[])[1 + i % cardinality($1::text[])],
-			       $2::timestamptz + make_interval(hours => 9 + i / cardinality($1::text[])),
-			       $2::timestamptz + make_interval(hours => 10 + i / cardinality($1::text[]))
-			  FROM generate_series(0, $3 - 1) AS i
-			 ORDER BY i`, Resources, day, d.Slots); err != nil {
+			SELECT ($1::text[])[1 + i % n],
+			       $2::timestamptz + make_interval(days => i / (n * $4::int), hours => $5::int + (i / n) % $4::int),
+			       $2::timestamptz + make_interval(days => i / (n * $4::int), hours => $5::int + (i / n) % $4::int + 1)
+			  FROM generate_series(0, $3 - 1) AS i,
+			       cardinality($1::text[]) AS n
+			 ORDER BY i`, Resources, tomorrow(today), d.Slots, SlotHours, SlotFirstHour); err != nil {
 			return fmt.Errorf("demo: reset slots: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO slots (resource, starts_at, ends_at, deposit_cents)
 			SELECT $1,
-			       $2::timestamptz + make_interval(hours => 9 + i),
-			       $2::timestamptz + make_interval(hours => 10 + i),
+			       $2::timestamptz + make_interval(days => i / $5::int, hours => $6::int + i % $5::int),
+			       $2::timestamptz + make_interval(days => i / $5::int, hours => $6::int + i % $5::int + 1),
 			       $4
 			  FROM generate_series(0, $3 - 1) AS i
-			 ORDER BY i`, DepositResource, day, d.DepositSlots, DepositCents); err != nil {
+			 ORDER BY i`, DepositResource, tomorrow(today), d.DepositSlots, DepositCents, SlotHours, SlotFirstHour); err != nil {
 			return fmt.Errorf("demo: reset deposit slots: %w", err)
 		}
 		return nil

@@ -47,6 +47,7 @@ var errorTable = []struct {
 	{slots.ErrDepositDeclined, http.StatusPaymentRequired, "deposit-declined", "The deposit was declined"},
 	{slots.ErrRefundRefused, http.StatusConflict, "refund-refused", "The deposit's refund was refused"},
 	{slots.ErrCancelUnderWay, http.StatusConflict, "cancellation-under-way", "The booking's cancellation is under way"},
+	{slots.ErrSlotInPast, http.StatusConflict, "slot-in-past", "The slot has already begun"},
 	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
 	{labs.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
@@ -168,6 +169,7 @@ func (app *App) handleError(err error, c echo.Context) {
 		detail = "Something went wrong on our side. Please try again in a moment."
 	}
 	c.Response().Status = p.Status
+	app.sessionForErrorPage(c)
 	render(c, p.Status, views.ErrorPage(app.page(c, http.StatusText(p.Status), ""), p.Status, detail))
 }
 

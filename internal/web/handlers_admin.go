@@ -12,6 +12,8 @@ import (
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/users"
+	"github.com/idemlab/idemlab/views"
 )
 
 // handleGetCrash: GET /api/v1/admin/crash — the crash point in force.
@@ -39,8 +41,8 @@ func (app *App) handlePutCrash(c echo.Context) error {
 // fakes (provider and payments). Demo mode only (routes.go). The same reset twice leaves the
 // same state, so it takes no Idempotency-Key.
 func (app *App) handleReset(c echo.Context) error {
-	defaultSlots, unset := 7*8*len(demo.Resources), -1
-	d := demo.Dataset{Users: 0, PoliciesPerUser: demo.PoliciesPerCustomer, Slots: defaultSlots, DepositSlots: unset}
+	d, unset := demo.DefaultDataset(), -1
+	d.DepositSlots = unset
 	if err := decodeOptionalJSON(c, &d); err != nil {
 		return err
 	}
@@ -48,24 +50,13 @@ func (app *App) handleReset(c echo.Context) error {
 		// The demo's week of deposit slots comes with the demo's slots; a
 		// dataset sized for a load test has none unless it asks.
 		d.DepositSlots = 0
-		if d.Slots == defaultSlots {
-			d.DepositSlots = 7 * 8
+		if d.Slots == demo.SeededSlots {
+			d.DepositSlots = demo.DefaultDataset().DepositSlots
 		}
 	}
-	ctx := c.Request().Context()
-	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
-	var bad *demo.DatasetError
-	if errors.As(err, &bad) {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset",
-			fmt.Sprintf("%s must be %d to %d", bad.Field, bad.Min, bad.Max)).With("field", bad.Field)
-	}
+	accounts, err := app.resetDemo(c, d)
 	if err != nil {
 		return err
-	}
-	for _, fake := range []fakeAdmin{app.providerAdmin(), app.paymentsAdmin()} {
-		if err := fake.control.Reset(ctx); err != nil {
-			return fake.controlError(c, err)
-		}
 	}
 	type account struct {
 		Name  string `json:"name"`
@@ -79,8 +70,83 @@ func (app *App) handleReset(c echo.Context) error {
 	for i, a := range accounts {
 		out.Users[i] = account{a.Name, a.Role, a.Token}
 	}
-	logFrom(ctx).Warn("data reset", "users", len(accounts), "policies_per_user", d.PoliciesPerUser, "slots", d.Slots)
 	return c.JSON(http.StatusOK, out)
+}
+
+// resetDemo is the one reset behind the API and the demo page: the data
+// (demo.Reset), then both fakes, then what the app believes about them —
+// the fakes' defaults are idempotent, so the belief goes back to that too.
+func (app *App) resetDemo(c echo.Context, d demo.Dataset) ([]demo.Account, error) {
+	ctx := c.Request().Context()
+	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
+	var bad *demo.DatasetError
+	if errors.As(err, &bad) {
+		return nil, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset",
+			fmt.Sprintf("%s must be %d to %d", bad.Field, bad.Min, bad.Max)).With("field", bad.Field)
+	}
+	if err != nil {
+		return nil, err
+	}
+	u, _ := userFrom(c)
+	for _, fake := range []fakeAdmin{app.providerAdmin(), app.paymentsAdmin()} {
+		if err := fake.control.Reset(ctx); err != nil {
+			return nil, fake.controlError(c, err)
+		}
+		if err := fake.believe(ctx, true, u.Name+" (the demo reset)"); err != nil {
+			return nil, err
+		}
+	}
+	app.broken.forget() // the data the last check saw is gone
+	logFrom(ctx).Warn("data reset", "by", u.Name, "users", len(accounts), "policies_per_user", d.PoliciesPerUser, "slots", d.Slots)
+	return accounts, nil
+}
+
+// handleDemoPage: GET /admin/demo (admin, demo mode only) — the data reset
+// behind a confirmation, and the demo accounts with their API tokens.
+func (app *App) handleDemoPage(c echo.Context) error {
+	d := demo.DefaultDataset()
+	vm := views.DemoView{Policies: d.PoliciesPerUser * customers(app.accounts), Slots: d.Slots + d.DepositSlots, Done: c.QueryParam("done") == "1"}
+	for _, a := range app.accounts {
+		vm.Accounts = append(vm.Accounts, views.DemoAccount{Name: a.Name, Role: a.Role, Token: a.Token})
+	}
+	return render(c, http.StatusOK, views.DemoPage(app.page(c, "Demo controls", ""), vm))
+}
+
+// handleResetForm: POST /admin/reset (admin, demo mode only) — the demo
+// page's reset, with confirm=reset ticked (422 otherwise, nothing
+// changed). The reset ends every session, this one too, so the admin who
+// pressed it gets a new one; then POST/redirect/GET to the page. It takes
+// no idempotency key, like the API: the reset empties the key store
+// itself, and the same reset twice leaves the same data.
+func (app *App) handleResetForm(c echo.Context) error {
+	if c.FormValue("confirm") != "reset" {
+		return problem.New(http.StatusUnprocessableEntity, "confirmation-required", "Confirm the reset",
+			"tick the box that says you understand the reset deletes everything, then press Reset again; nothing was changed")
+	}
+	if _, err := app.resetDemo(c, demo.DefaultDataset()); err != nil {
+		return err
+	}
+	u, _ := userFrom(c)
+	again, err := app.users.ByName(c.Request().Context(), u.Name)
+	if err != nil {
+		return err
+	}
+	c.Set(sessionIDKey, nil) // that session is gone with the reset
+	if err := app.signIn(c, again); err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, "/admin/demo?done=1")
+}
+
+// customers counts the customer accounts (each owns the dataset's policies).
+func customers(accounts []demo.Account) int {
+	n := 0
+	for _, a := range accounts {
+		if a.Role == users.RoleCustomer {
+			n++
+		}
+	}
+	return n
 }
 
 // handleInvariants: GET /api/v1/invariants[?stale_after=90s] — every
@@ -89,7 +155,7 @@ func (app *App) handleReset(c echo.Context) error {
 // lease a live operation may be before it counts as stuck (default: twice
 // OPERATION_LEASE plus a minute; "0" reports stale operations only in counts).
 func (app *App) handleInvariants(c echo.Context) error {
-	staleAfter := 2*app.cfg.OperationLease + time.Minute
+	staleAfter := app.staleAfter()
 	if v := c.QueryParam("stale_after"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {

@@ -3,6 +3,8 @@ package web
 import (
 	"errors"
 	"net/http"
+	"regexp"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -78,8 +80,34 @@ func (app *App) handleSignIn(c echo.Context) error {
 	if u.IsAdmin() {
 		dest = "/"
 	}
+	if next := c.FormValue("next"); returnable(next) {
+		dest = next // the demo bar's "switch to": back to the page it was on
+	}
 	return c.Redirect(http.StatusSeeOther, dest)
 }
+
+// returnable reports whether a sign-in may send the browser back to path:
+// a path of this site (never "//host" or a scheme, which would make the
+// form an open redirect) that names no row — another user's operation
+// would only answer 404.
+func returnable(path string) bool {
+	if len(path) > 200 || !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") ||
+		strings.ContainsAny(path, "\\?#%") || path == "/signin" {
+		return false
+	}
+	for _, seg := range strings.Split(path[1:], "/") {
+		if _, err := parseID(seg); err == nil {
+			return false
+		}
+		if !pathSegment.MatchString(seg) {
+			return false
+		}
+	}
+	return true
+}
+
+// pathSegment is what one segment of a returnable path may hold.
+var pathSegment = regexp.MustCompile(`^[a-z0-9-]*$`)
 
 func (app *App) signInRefused(c echo.Context, status int, name, msg string) error {
 	v, err := app.signInView(c)

@@ -2,10 +2,13 @@ package web
 
 import (
 	"context"
+	"io/fs"
 	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/views"
 )
 
 func (app *App) handleHealthz(c echo.Context) error {
@@ -25,4 +28,15 @@ func (app *App) handleReadyz(c echo.Context) error {
 		return c.JSON(http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// handleFavicon: GET /favicon.ico — browsers ask for it on every page
+// whatever the <link rel=icon> says; without it every page logs a 404.
+func handleFavicon(c echo.Context) error {
+	c.Response().Header().Set("Cache-Control", "public, max-age=86400")
+	b, err := fs.ReadFile(views.Static, "favicon.ico")
+	if err != nil {
+		return err
+	}
+	return c.Blob(http.StatusOK, "image/x-icon", b)
 }

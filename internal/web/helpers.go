@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -28,12 +29,25 @@ func render(c echo.Context, status int, cmp templ.Component) error {
 
 // page fills the layout's view model for this request.
 func (app *App) page(c echo.Context, title, nav string) views.Page {
-	p := views.Page{Title: title, Nav: nav, CSRF: csrfToken(c)}
-	if u, ok := userFrom(c); ok {
-		p.User = &views.User{Name: u.Name, IsAdmin: u.IsAdmin()}
-		if u.IsAdmin() {
-			p.Waiting, _ = app.engine.CountWaiting(c.Request().Context()) // the badge; 0 if the count fails
+	p := views.Page{Title: title, Nav: nav, CSRF: csrfToken(c), Demo: app.cfg.DemoMode}
+	if c.Request().Method == http.MethodGet {
+		p.Path = c.Request().URL.Path
+	}
+	u, ok := userFrom(c)
+	if !ok {
+		return p
+	}
+	p.User = &views.User{Name: u.Name, IsAdmin: u.IsAdmin()}
+	if p.Demo {
+		for _, a := range app.accounts {
+			if a.Name != u.Name {
+				p.SwitchTo = append(p.SwitchTo, views.Account{Name: a.Name, IsAdmin: a.Role == users.RoleAdmin})
+			}
 		}
+	}
+	if u.IsAdmin() {
+		p.Waiting, _ = app.engine.CountWaiting(c.Request().Context()) // the badge; 0 if the count fails
+		p.Broken = app.brokenNow(c.Request().Context())
 	}
 	return p
 }

@@ -26,7 +26,8 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/healthz", app.handleHealthz) // the process is up
 	e.GET("/readyz", app.handleReadyz)   // the database answers and the schema is current
 	e.GET("/metrics", app.metrics.handler())
-	e.StaticFS("/static", views.Static) // vendored htmx and Pico, app.css, app.js
+	e.StaticFS("/static", views.Static)  // vendored htmx and Pico, app.css, app.js
+	e.GET("/favicon.ico", handleFavicon) // the icon browsers ask for on every page
 	if app.tasksPush != nil {
 		// The task queue's pushes (EVENTS_TRANSPORT=tasks): its bearer
 		// token, no session, no CSRF; the consumer rule answers.
@@ -131,6 +132,10 @@ func (app *App) routes() *echo.Echo {
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a decision (keyed form)
 	e.POST("/reconciliation/decide", app.handleDecideForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a bulk decision (keyed form)
+	if app.cfg.DemoMode {
+		e.GET("/admin/demo", app.handleDemoPage, adminOnly...)    // demo controls: the reset, the accounts (admin, demo mode)
+		e.POST("/admin/reset", app.handleResetForm, adminOnly...) // the reset, confirmed (admin, demo mode)
+	}
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.
 	e.POST("/slots/:id/book", app.handleBookSlotForm, keyedForm...)                                           // book, then back to the grid

@@ -104,7 +104,7 @@ func (app *App) loadSession(next echo.HandlerFunc) echo.HandlerFunc {
 // any) and sets its cookie.
 func (app *App) signIn(c echo.Context, u users.User) error {
 	ctx := c.Request().Context()
-	if old, ok := c.Get(sessionIDKey).(string); ok {
+	if old, ok := c.Get(sessionIDKey).(string); ok && old != "" {
 		if err := app.users.EndSession(ctx, old); err != nil {
 			return err
 		}
@@ -160,6 +160,27 @@ func (app *App) csrfProtection(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		c.Set(csrfTokenKey, app.csrfTokenFor(binding))
 		return next(c)
+	}
+}
+
+// sessionForErrorPage gives an error raised before the page middleware ran
+// — no such route, a method the path lacks — the session it would have had,
+// so the error page's header shows who is signed in (and a working Sign
+// out) instead of "Sign in". It sets no cookie and refuses nothing.
+func (app *App) sessionForErrorPage(c echo.Context) {
+	if _, ok := c.Get(csrfTokenKey).(string); ok {
+		return // the page middleware ran
+	}
+	binding := cookieValue(c, csrfCookie)
+	if id := cookieValue(c, sessionCookie); id != "" {
+		if u, err := app.users.BySession(c.Request().Context(), id); err == nil {
+			c.Set(userKey, u)
+			c.Set(sessionIDKey, id)
+			binding = id
+		}
+	}
+	if binding != "" {
+		c.Set(csrfTokenKey, app.csrfTokenFor(binding))
 	}
 }
 

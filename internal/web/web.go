@@ -136,6 +136,9 @@ type App struct {
 	events    *events.Store
 	injector  *events.Injector
 	tasksPush http.Handler
+
+	// broken caches the invariants check behind the admin pages' banner.
+	broken brokenInvariants
 }
 
 // New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,

@@ -1,0 +1,77 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/invariants"
+)
+
+// brokenCacheFor is how long one check of every invariant answers the
+// admin pages' banner. A check reads every table the invariants cover
+// (a few milliseconds on the demo data, ~200 ms at 100k rows, BenchmarkCheck100k):
+// once per interval, not once per page.
+const brokenCacheFor = 5 * time.Second
+
+// brokenInvariants caches the last invariants.Check for the banner every
+// admin page shows while an invariant is broken (layout.templ).
+type brokenInvariants struct {
+	mu      sync.Mutex // held during a check: one runs at a time, the others wait for it
+	checked time.Time
+	broken  []string
+}
+
+// staleAfter is invariant 6's default bound, shared by GET /api/v1/invariants
+// and the banner: twice OPERATION_LEASE plus a minute.
+func (app *App) staleAfter() time.Duration { return 2*app.cfg.OperationLease + time.Minute }
+
+// brokenNow returns what is broken, in words, from a check at most
+// brokenCacheFor old. A check that fails (the database is away) keeps the
+// last answer: the banner is a warning, never a reason for a page to fail.
+func (app *App) brokenNow(ctx context.Context) []string {
+	b := &app.broken
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.checked.IsZero() && time.Since(b.checked) < brokenCacheFor {
+		return b.broken
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := invariants.Check(ctx, app.pool, invariants.Options{StaleAfter: app.staleAfter(), MaxIDs: 5})
+	b.checked = time.Now()
+	if err != nil {
+		logFrom(ctx).Warn("invariants banner: check failed", "err", err)
+		return b.broken
+	}
+	b.broken = nil
+	for _, v := range r.Violations {
+		b.broken = append(b.broken, describeViolation(v))
+	}
+	return b.broken
+}
+
+// forget drops the cached check, so the next page checks again (after a
+// demo reset, which starts clean).
+func (b *brokenInvariants) forget() {
+	b.mu.Lock()
+	b.checked = time.Time{}
+	b.mu.Unlock()
+}
+
+// describeViolation is one line of the banner: "Invariant 1: at most one
+// provider cancellation effect per policy — policy 7".
+func describeViolation(v invariants.Violation) string {
+	var rows []string
+	for _, id := range v.IDs {
+		rows = append(rows, fmt.Sprint(id))
+	}
+	rows = append(rows, v.Keys...)
+	s := fmt.Sprintf("Invariant %d: %s", v.Invariant, v.Detail)
+	if len(rows) > 0 {
+		s += " — ids " + strings.Join(rows, ", ")
+	}
+	return s
+}
