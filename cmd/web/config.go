@@ -28,8 +28,8 @@ type config struct {
 	FakeDBMaxConns int32
 	LogLevel       slog.Level
 	LogFormat      string // LOG_FORMAT: text or json
-	// SessionSecret signs session cookies (SESSION_SECRET). Replicas must
-	// share it; when unset a random one is made and sessions end at restart.
+	// SessionSecret binds CSRF tokens to sessions (SESSION_SECRET). Unset,
+	// the secret kept in the database is used (users.ServerSecret).
 	SessionSecret string
 	DemoTokens    string // DEMO_TOKENS: name=token,… overrides
 	InstanceID    string // INSTANCE_ID: names this replica in logs and pages

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +28,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web"
 )
 
@@ -134,10 +134,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	}
 	defer labRuns.Close()
 
+	secret, err := sessionSecret(ctx, cfg, pool, logger)
+	if err != nil {
+		return err
+	}
 	app := web.New(webConfig(cfg), web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,
-		Secret:          sessionSecret(cfg, logger),
+		Secret:          secret,
 		Pool:            pool,
 		Migrator:        migrator,
 		Registry:        registry,
@@ -198,16 +202,16 @@ func webConfig(cfg config) web.Config {
 	}
 }
 
-// sessionSecret signs the session and CSRF cookies. Without SESSION_SECRET
-// a random one is made, so sessions end when the process does.
-func sessionSecret(cfg config, logger *slog.Logger) []byte {
+// sessionSecret binds CSRF tokens to sessions and derives generated users'
+// tokens. Without SESSION_SECRET it is the one kept in the database, made
+// once: a restart (the crash demo) keeps every open form valid, and
+// replicas share it without being told.
+func sessionSecret(ctx context.Context, cfg config, pool *pgxpool.Pool, logger *slog.Logger) ([]byte, error) {
 	if cfg.SessionSecret != "" {
-		return []byte(cfg.SessionSecret)
+		return []byte(cfg.SessionSecret), nil
 	}
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	logger.Warn("SESSION_SECRET is unset: sessions end when this process stops and are not shared between replicas")
-	return secret
+	logger.Info("SESSION_SECRET is unset: using the secret kept in the database (server_secrets), shared by replicas and restarts")
+	return users.NewStore(pool).ServerSecret(ctx, "session")
 }
 
 // externals are the clients of the two external systems and the fakes'
