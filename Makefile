@@ -7,13 +7,16 @@ export DATABASE_URL
 # The same build as the Dockerfile (deploy_test.go keeps that one honest).
 GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 
-.PHONY: help run build test generate lint bench fuzz chaos
+.PHONY: help run devdb-stop build test generate lint bench fuzz chaos
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
 
-run: ## run the demo locally (DEMO_MODE=true, in-process fake provider)
-	DEMO_MODE=true go run ./cmd/web serve
+run: ## run the demo locally (DEMO_MODE=true, in-process fakes); no PostgreSQL at DATABASE_URL: a private one in tmp/pg
+	DATABASE_URL="$$(scripts/devdb.sh)" DEMO_MODE=true go run ./cmd/web serve
+
+devdb-stop: ## stop the private PostgreSQL `make run` started in tmp/pg (its data stays)
+	scripts/devdb.sh stop
 
 build: ## build bin/web exactly as the Dockerfile does
 	$(GO_BUILD) -o bin/web ./cmd/web
