@@ -85,7 +85,7 @@ func TestListsPaginateWithCursor(t *testing.T) {
 	var seen []int64
 	path := "/api/v1/policies?limit=2"
 	for pages := 0; ; pages++ {
-		if pages > 5 {
+		if pages > demo.PoliciesPerCustomer {
 			t.Fatal("pagination does not end")
 		}
 		var p pageJSON[policyJSON]
