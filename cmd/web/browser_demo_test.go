@@ -186,6 +186,16 @@ func sessionsByUser(t *testing.T, s *testServer) map[string]int {
 func TestBrowserEveryPageSaysWhatToTryAndFitsAPhone(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	// An operation to open: alice cancels her first policy over the API.
+	cancelled := s.do(cancelReq(1, "demo-alice", "intro-page-cancel", `{"reason":"walk-through"}`))
+	var op struct {
+		ID int64 `json:"id"`
+	}
+	cancelled.JSON(t, &op)
+	if cancelled.Status != 200 || op.ID == 0 {
+		t.Fatalf("cancel policy 1: %d %s", cancelled.Status, cancelled.Body)
+	}
+	operation := fmt.Sprintf("/operations/%d", op.ID)
 	b := browsertest.New(t)
 	var lab string
 	err := chromedp.Run(b,
@@ -203,14 +213,15 @@ func TestBrowserEveryPageSaysWhatToTryAndFitsAPhone(t *testing.T) {
 		intro bool
 	}{
 		{"/policies", true}, {"/slots", true}, {"/labs", true}, {"/labs/race", true}, {lab, true},
-		{"/recovery", true}, {"/", false},
+		{"/recovery", true}, {"/events", true}, {operation, true}, {"/", false},
 	}
 	for _, as := range []string{"alice", "admin"} {
 		if as == "admin" {
 			pages = []struct {
 				path  string
 				intro bool
-			}{{"/provider", true}, {"/payments", true}, {"/recovery", true}, {"/admin/demo", true}, {"/no-such-page", false}}
+			}{{"/provider", true}, {"/payments", true}, {"/recovery", true}, {"/reconciliation", true}, {"/events", true},
+				{operation, true}, {"/admin/demo", true}, {"/no-such-page", false}}
 			if err := chromedp.Run(b, chromedp.EmulateViewport(1280, 900),
 				chromedp.Click(`[data-testid="switch-admin"]`, chromedp.ByQuery),
 				chromedp.WaitVisible(`[data-testid="demo-controls"]`, chromedp.ByQuery)); err != nil {
