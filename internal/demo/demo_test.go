@@ -91,3 +91,55 @@ func TestResetSeedsTheDatasetAndKeepsDemoTokens(t *testing.T) {
 		}
 	}
 }
+
+// A reset while a consumer is applying an event waits for the consumer's
+// commit; neither is aborted as a deadlock. (With the consumers' tables
+// named after users, the reset held users while it waited for the inbox,
+// and the consumer's foreign-key check on users then waited for the reset.)
+func TestResetWaitsForAConsumerMidEvent(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if err := demo.Seed(ctx, db.Pool, demo.DefaultAccounts(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The consumer's transaction, as internal/events runs it: the inbox row
+	// first, then the effect, which points at a user.
+	consumer, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Rollback(ctx)
+	if _, err := consumer.Exec(ctx, `INSERT INTO inbox (consumer, event_id, event_type) VALUES ('notifications', gen_random_uuid(), 'policy.cancelled')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := demo.Reset(ctx, db.Pool, demo.DefaultAccounts(), demo.Dataset{PoliciesPerUser: 1, Slots: 1}, time.Now(), demo.TokenFor([]byte("s")))
+		done <- err
+	}()
+	// Until the reset is waiting on the inbox's lock.
+	for {
+		var waiting bool
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%TRUNCATE%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// deadlock_timeout (1 s by default) passes while the consumer goes on.
+	time.Sleep(1200 * time.Millisecond)
+	if _, err := consumer.Exec(ctx, `INSERT INTO mailbox (user_id, event_id, subject, body)
+		SELECT id, gen_random_uuid(), 's', 'b' FROM users WHERE name = 'alice'`); err != nil {
+		t.Fatalf("the consumer's effect: %v", err)
+	}
+	if err := consumer.Commit(ctx); err != nil {
+		t.Fatalf("the consumer's commit: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the reset: %v", err)
+	}
+}

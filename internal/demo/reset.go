@@ -84,13 +84,22 @@ func Reset(ctx context.Context, pool *pgxpool.Pool, accounts []Account, d Datase
 		name := fmt.Sprintf("user-%05d", i)
 		all = append(all, Account{Name: name, Role: users.RoleCustomer, Token: tokenFor(name)})
 	}
-	// TRUNCATE locks every table it names at once; a consumer applying an
-	// event at that moment (inbox, then mailbox) can deadlock with it. The
-	// database then aborts one of the two, and the reset simply runs again.
+	// TRUNCATE takes its locks table by table, in the order it names them.
+	// The tables the event consumers write come first, in the order a
+	// consumer takes them (inbox, then its effect, then the users its foreign
+	// keys point at), so a reset waits for a consumer's commit instead of
+	// holding a table that consumer needs next. A request writing at that
+	// moment can still deadlock with it; the database then aborts one of the
+	// two, and the reset runs again after a short pause.
 	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
+	for attempt := 1; attempt <= 4; attempt++ {
 		if err = reset(ctx, pool, all, d, today); !isDeadlock(err) {
 			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 		}
 	}
 	if err != nil {
@@ -108,10 +117,12 @@ func isDeadlock(err error) bool {
 func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, today time.Time) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-			TRUNCATE sessions, audit_entries, reconciliation_decisions, operation_calls, operation_steps, operation_events, operations,
+			TRUNCATE -- what the consumers made of the events, in the order a consumer writes it
+			         inbox, event_deliveries, mailbox, ledger_entries, ledger_days,
+			         -- the events of the data wiped
+			         outbox, event_publishes,
+			         sessions, audit_entries, reconciliation_decisions, operation_calls, operation_steps, operation_events, operations,
 			         idempotency_keys, bookings, slots, policies, users,
-			         -- the events of the data wiped, and what the consumers made of them
-			         outbox, event_publishes, event_deliveries, inbox, mailbox, ledger_entries, ledger_days,
 			         -- the labs' results name the users who ran them
 			         labs.runs
 			RESTART IDENTITY`)
