@@ -136,10 +136,11 @@ func seedPolicies(ctx context.Context, tx pgx.Tx, userID int64, name string, n i
 		       format('POL-%s-%s', upper($2), lpad(i::text, 3, '0')),
 		       $3,
 		       (120 + i * 37.5)::numeric(10,2),
-		       -- a year's cover each, the i-th begun 45·i days ago: each
-		       -- cancellation refunds a different share of its premium
-		       $5::date - 45 * i,
-		       $5::date - 45 * i + 365
+		       -- a year's cover each, begun 45, 90, … 360 days ago and round
+		       -- again: every policy is still covered, so every cancellation
+		       -- refunds something, each a different share of its premium
+		       $5::date - 45 * (1 + (i - 1) % 8),
+		       $5::date - 45 * (1 + (i - 1) % 8) + 365
 		  FROM generate_series(1, $4) AS i
 		ON CONFLICT (number) DO NOTHING -- seeding twice changes nothing`,
 		userID, name, holder, n, today.UTC().Format(time.DateOnly))
