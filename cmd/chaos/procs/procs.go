@@ -333,7 +333,26 @@ func (p *Process) Pause() bool {
 	}
 	p.paused = true
 	p.cmd.Process.Signal(syscall.SIGSTOP)
+	// kill(2) only queues the stop: every thread stops when it next reaches
+	// the kernel, which on a busy machine may be after a request was already
+	// answered. Pause returns once the process is really stopped, so a fault
+	// the nemesis records as "paused" is one.
+	waitStopped(p.cmd.Process.Pid, time.Second)
 	return true
+}
+
+// waitStopped waits, up to limit, until /proc says pid is stopped ('T').
+func waitStopped(pid int, limit time.Duration) {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return // gone, or no /proc here: nothing to wait for
+		}
+		// "pid (comm) state …": comm may hold spaces and parentheses.
+		if i := bytes.LastIndexByte(raw, ')'); i >= 0 && i+2 < len(raw) && raw[i+2] == 'T' {
+			return
+		}
+	}
 }
 
 // Resume sends SIGCONT to a paused run.
