@@ -135,25 +135,6 @@ SELECT id, 'CANCEL', user_id, $3, $4, 'IN_PROGRESS',
     ON CONFLICT (policy_id, operation_type) DO NOTHING -- the intent exists already: 0 rows
 RETURNING ` + workflow.OperationColumns
 
-var sqlRestartCancellation = `
-UPDATE operations
-   SET status = 'IN_PROGRESS',
-       run = run + 1, -- new step keys: a new run is a new call
-       idempotency_key = $2,
-       reason = $3,
-       owner_token = gen_random_uuid(),
-       owner_id = $4,
-       lease_expires_at = now() + make_interval(secs => $5),
-       released = NULL,
-       attempts = 0,
-       next_attempt_at = NULL,
-       last_error = NULL,
-       finished_at = NULL,
-       updated_at = now()
- WHERE id = $1
-   AND status = 'FAILED' -- 0 rows: someone restarted it first
-RETURNING ` + workflow.OperationColumns
-
 // startCancellation is record_intent: the intent to cancel the policy,
 // owned by owner under a lease, in tx. A FAILED earlier cancellation is
 // started again (same row, next run). Refusals: ErrNotFound (no such
@@ -187,13 +168,12 @@ func startCancellation(ctx context.Context, tx pgx.Tx, req CancelRequest, owner 
 	case existing.Status != workflow.StatusFailed:
 		return workflow.Operation{}, false, workflow.Refused(&DuplicateIntentError{OperationID: existing.ID, Status: existing.Status})
 	}
-	op, err = workflow.ScanOperation(tx.QueryRow(ctx, sqlRestartCancellation,
-		existing.ID, req.RequestKey, req.Reason, owner.ID, owner.Lease.Seconds()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return workflow.Operation{}, false, workflow.Refused(&DuplicateIntentError{OperationID: existing.ID, Status: workflow.StatusInProgress})
-	}
+	op, ok, err := workflow.Restart(ctx, tx, existing.ID, req.RequestKey, &req.Reason, owner)
 	if err != nil {
 		return workflow.Operation{}, false, fmt.Errorf("policies: restart cancellation: %w", err)
+	}
+	if !ok {
+		return workflow.Operation{}, false, workflow.Refused(&DuplicateIntentError{OperationID: existing.ID, Status: workflow.StatusInProgress})
 	}
 	return op, false, nil
 }

@@ -378,24 +378,6 @@ SELECT id, 'CANCEL_DEPOSIT', user_id, $4, 'IN_PROGRESS',
     ON CONFLICT (booking_id, operation_type) DO NOTHING -- a cancellation exists already: 0 rows
 RETURNING ` + workflow.OperationColumns
 
-var sqlRestartCancel = `
-UPDATE operations
-   SET status = 'IN_PROGRESS',
-       run = run + 1, -- new step keys: a new run is a new refund call
-       idempotency_key = $2,
-       owner_token = gen_random_uuid(),
-       owner_id = $3,
-       lease_expires_at = now() + make_interval(secs => $4),
-       released = NULL,
-       attempts = 0,
-       next_attempt_at = NULL,
-       last_error = NULL,
-       finished_at = NULL,
-       updated_at = now()
- WHERE id = $1
-   AND status = 'FAILED' -- 0 rows: someone restarted it first
-RETURNING ` + workflow.OperationColumns
-
 // startCancel is request_cancel: the intent to cancel the booking, owned by
 // owner, in tx. A FAILED earlier cancellation (its refund refused) is
 // started again, next run.
@@ -436,12 +418,12 @@ func startCancel(ctx context.Context, tx pgx.Tx, req CancelBooking, owner workfl
 	case existing.Status != workflow.StatusFailed:
 		return workflow.Operation{}, false, workflow.Refused(&CancelUnderWayError{OperationID: existing.ID, Status: existing.Status})
 	}
-	op, err = workflow.ScanOperation(tx.QueryRow(ctx, sqlRestartCancel, existing.ID, req.RequestKey, owner.ID, owner.Lease.Seconds()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return workflow.Operation{}, false, workflow.Refused(&CancelUnderWayError{OperationID: existing.ID, Status: workflow.StatusInProgress})
-	}
+	op, ok, err := workflow.Restart(ctx, tx, existing.ID, req.RequestKey, nil, owner)
 	if err != nil {
 		return workflow.Operation{}, false, fmt.Errorf("slots: restart cancel: %w", err)
+	}
+	if !ok {
+		return workflow.Operation{}, false, workflow.Refused(&CancelUnderWayError{OperationID: existing.ID, Status: workflow.StatusInProgress})
 	}
 	return op, false, nil
 }

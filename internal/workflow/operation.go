@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -174,3 +175,40 @@ func ScanOperation(row pgx.Row, prefix ...any) (Operation, error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// sqlRestart starts a FAILED operation again as its next run. A new run
+// lays out new step keys, so every external call of the run is a new call
+// to its system, never a retry of the refused one.
+const sqlRestart = `
+UPDATE operations
+   SET status = 'IN_PROGRESS',
+       run = run + 1,
+       idempotency_key = $2,
+       reason = coalesce($5, reason), -- NULL: the operation keeps its reason
+       owner_token = gen_random_uuid(),
+       owner_id = $3,
+       lease_expires_at = now() + make_interval(secs => $4),
+       released = NULL,
+       attempts = 0,
+       next_attempt_at = NULL,
+       last_error = NULL,
+       finished_at = NULL,
+       updated_at = now()
+ WHERE id = $1
+   AND status = 'FAILED' -- 0 rows: someone restarted it first
+RETURNING ` + OperationColumns
+
+// Restart starts the FAILED operation id again in tx, as its next run, owned
+// by owner under a lease and answering requestKey; reason, when not nil,
+// replaces the operation's. ok is false when the operation was no longer
+// FAILED: another request restarted it first.
+func Restart(ctx context.Context, tx pgx.Tx, id int64, requestKey string, reason *string, owner Owner) (op Operation, ok bool, err error) {
+	op, err = ScanOperation(tx.QueryRow(ctx, sqlRestart, id, requestKey, owner.ID, owner.Lease.Seconds(), reason))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Operation{}, false, nil
+	}
+	if err != nil {
+		return Operation{}, false, fmt.Errorf("workflow: restart operation %d: %w", id, err)
+	}
+	return op, true, nil
+}
