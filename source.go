@@ -27,12 +27,18 @@ func Source() fs.FS { return tree }
 // text is text, or 0 when no line is. Matching the whole line keeps a
 // reference from landing on a comment that merely mentions the code.
 func LineOf(path, text string) int {
+	return firstLine(path, func(line string) bool { return strings.TrimSpace(line) == text })
+}
+
+// firstLine returns the 1-based number of the first line of path that
+// matches, or 0 when none does (or there is no such file).
+func firstLine(path string, matches func(line string) bool) int {
 	raw, err := fs.ReadFile(tree, path)
 	if err != nil {
 		return 0
 	}
 	for i, line := range strings.Split(string(raw), "\n") {
-		if strings.TrimSpace(line) == text {
+		if matches(line) {
 			return i + 1
 		}
 	}
@@ -45,10 +51,6 @@ func LineOf(path, text string) int {
 // function. Like LineOf, it finds the line by what it says, so it follows
 // every edit.
 func FuncLine(path, name string) int {
-	raw, err := fs.ReadFile(tree, path)
-	if err != nil {
-		return 0
-	}
 	var recv string
 	if strings.HasPrefix(name, "(") {
 		end := strings.Index(name, ").")
@@ -59,28 +61,25 @@ func FuncLine(path, name string) int {
 	} else if t, m, ok := strings.Cut(name, "."); ok {
 		recv, name = t, m
 	}
-	for i, line := range strings.Split(string(raw), "\n") {
+	return firstLine(path, func(line string) bool {
 		rest, ok := strings.CutPrefix(line, "func ")
 		if !ok {
-			continue
+			return false
 		}
 		if recv != "" {
 			// "(r *runner) succeed(": the receiver's name is the author's.
 			lp, rp := strings.Index(rest, "("), strings.Index(rest, ")")
 			if lp != 0 || rp < 0 {
-				continue
+				return false
 			}
 			fields := strings.Fields(rest[1:rp])
 			if len(fields) == 0 || fields[len(fields)-1] != recv {
-				continue
+				return false
 			}
 			rest = strings.TrimSpace(rest[rp+1:])
 		} else if strings.HasPrefix(rest, "(") {
-			continue
+			return false
 		}
-		if strings.HasPrefix(rest, name+"(") || strings.HasPrefix(rest, name+"[") {
-			return i + 1
-		}
-	}
-	return 0
+		return strings.HasPrefix(rest, name+"(") || strings.HasPrefix(rest, name+"[")
+	})
 }
