@@ -20,6 +20,7 @@ type config struct {
 	Concurrency int
 	Rate        float64 // requests per second across all clients; 0: no cap
 	Duration    time.Duration
+	Warmup      time.Duration // driven first and not measured (its failures still count)
 	Seed        uint64
 
 	// The dataset a reset creates.
@@ -27,6 +28,10 @@ type config struct {
 	PoliciesPerUser int
 	Slots           int
 	Reset           bool
+	// Vacuum, a database URL: after the reset and the warm-up, VACUUM ANALYZE
+	// and CHECKPOINT that database before the clock starts — the same
+	// preparation as the pgbench runs it is compared with (scripts/bench).
+	Vacuum string
 
 	// Settle is how long the end of the run waits for live operations to
 	// finish (recovery draining) before it reads the verdict.
@@ -59,12 +64,16 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Concurrency, "concurrency", 16, "clients sending at once")
 	fs.Float64Var(&c.Rate, "rate", 0, "cap on requests per second across all clients (0: no cap)")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long to send")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "drive the workload this long first, unmeasured (a 5xx or an anomaly in it still fails the run): "+
+		"the tables grow past their empty start before -vacuum's ANALYZE, so the plans the app's connections cache fit the data")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of every random choice (same seed, same choices)")
 	fs.IntVar(&c.Users, "users", 200, "generated users in the reset dataset")
 	fs.IntVar(&c.PoliciesPerUser, "policies-per-user", 50, "policies each customer owns after the reset")
 	fs.IntVar(&c.Slots, "slots", 8, "slots after the reset (few slots: contention)")
 	fs.BoolVar(&c.Reset, "reset", true, "reset the app's data first (POST /api/v1/admin/reset; the app needs DEMO_MODE=true); "+
 		"false: use the demo customers (tokens demo-alice, demo-bob, demo-carol) and the data as it is")
+	fs.StringVar(&c.Vacuum, "vacuum", "", "a database URL: after the reset (and -warmup), VACUUM ANALYZE and CHECKPOINT it before the clock starts "+
+		"(the app's database; as scripts/bench does before each pgbench run)")
 	fs.DurationVar(&c.Settle, "settle", 60*time.Second, "at the end, how long to wait for live operations to finish (recovery to drain)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as one JSON object on stdout")
 	fs.Usage = func() {
@@ -98,6 +107,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("-rate %g: want 0 (no cap) or more", c.Rate)
 	case c.Duration <= 0 || c.Duration > maxDuration:
 		return fmt.Errorf("-duration %s: want more than 0 and at most %s", c.Duration, maxDuration)
+	case c.Warmup < 0 || c.Warmup > maxDuration:
+		return fmt.Errorf("-warmup %s: want 0 to %s", c.Warmup, maxDuration)
 	case c.Settle < 0:
 		return fmt.Errorf("-settle %s: want 0 or more", c.Settle)
 	case c.AdminToken == "":

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -21,7 +22,7 @@ import (
 // a couple of seconds at low concurrency; each must end with the
 // invariants ok and nothing else wrong (run returns nil: exit status 0).
 func TestScenariosAgainstTheRealApp(t *testing.T) {
-	url := startApp(t)
+	url, _ := startApp(t)
 	cases := []struct {
 		scenario string
 		duration string
@@ -65,10 +66,52 @@ func TestAFailingRunReturnsErrFailed(t *testing.T) {
 	}
 }
 
+// TestAWarmupIsDrivenButNotMeasured: with -warmup the workload runs first
+// and the report counts only what came after; -vacuum then vacuumed and
+// analysed the app's database before the clock started.
+func TestAWarmupIsDrivenButNotMeasured(t *testing.T) {
+	url, db := startApp(t)
+	var out bytes.Buffer
+	err := run(t.Context(), []string{
+		"-url", url, "-scenario", "cancel", "-warmup", "1s", "-vacuum", db.URL, "-duration", "1s",
+		"-concurrency", "4", "-users", "20", "-policies-per-user", "30", "-json",
+	}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	var measured int64
+	for label, n := range rep.Answers {
+		if strings.HasPrefix(label, "2") {
+			measured += n
+		}
+	}
+	var cancelled int64
+	var vacuumed bool
+	q := `SELECT (SELECT count(*) FROM policies WHERE status = 'CANCELLED'),
+	             (SELECT last_vacuum IS NOT NULL AND last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE schemaname = 'public' AND relname = 'operations')`
+	if err := db.Pool.QueryRow(t.Context(), q).Scan(&cancelled, &vacuumed); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Warmup != 1 || !rep.Pass || measured == 0 {
+		t.Fatalf("report: warmup %v, pass %v, %d answers 2xx", rep.Warmup, rep.Pass, measured)
+	}
+	// Every cancellation is one policy cancelled; the report saw only some.
+	if cancelled <= measured {
+		t.Errorf("%d policies cancelled, %d answers 2xx reported: the warm-up's were counted, or there was none", cancelled, measured)
+	}
+	if !vacuumed {
+		t.Error("operations was not vacuumed and analysed")
+	}
+}
+
 // startApp builds cmd/web and runs `web serve` on free loopback ports
-// against a fresh database, and returns its base URL. The process is
-// stopped when the test ends.
-func startApp(t *testing.T) string {
+// against a fresh database, and returns its base URL and the database.
+// The process is stopped when the test ends.
+func startApp(t *testing.T) (string, *testdb.DB) {
 	t.Helper()
 	db := testdb.New(t)
 	bin := filepath.Join(t.TempDir(), "web")
@@ -135,14 +178,14 @@ func startApp(t *testing.T) string {
 	defer cancel()
 	select {
 	case url := <-found:
-		return url
+		return url, db
 	case err := <-exited:
 		exited <- err
 		t.Fatalf("web exited before listening: %v\n%s", err, stderr.String())
 	case <-ctx.Done():
 		t.Fatalf("web did not start in time\n%s", stderr.String())
 	}
-	return ""
+	return "", nil
 }
 
 // syncBuffer is a bytes.Buffer safe for the process's writes and our read.

@@ -71,6 +71,7 @@ func TestBadFlagsAreUsageErrors(t *testing.T) {
 		{"-concurrency", "0"},
 		{"-url", "localhost:8080"},
 		{"-duration", "0s"},
+		{"-warmup", "-1s"},
 		{"extra"},
 	} {
 		_, err := parseConfig(args, io.Discard)

@@ -27,6 +27,18 @@ const maxListedAnomalies = 10
 
 func newRecorder() *recorder { return &recorder{answers: map[string]int64{}} }
 
+// startMeasuring ends a warm-up: the answers and latencies so far are
+// forgotten, so the figures are of the measured run alone. What broke
+// stays — a 5xx, a request with no answer or an anomaly in the warm-up
+// fails the run as much as one later.
+func (r *recorder) startMeasuring() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.latencies, r.window = nil, nil
+	r.answers = map[string]int64{}
+	r.requests = 0
+}
+
 func (r *recorder) record(a answer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

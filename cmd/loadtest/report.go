@@ -18,6 +18,7 @@ type report struct {
 	Rate        float64 `json:"rate,omitempty"`
 	Seed        uint64  `json:"seed"`
 	Seconds     float64 `json:"seconds"`
+	Warmup      float64 `json:"warmup_seconds,omitempty"` // driven before Seconds, not in the figures
 	Exhausted   bool    `json:"exhausted"` // stopped early: no ACTIVE policy left
 
 	Requests   int64            `json:"requests"`
@@ -57,7 +58,7 @@ func newReport(cfg config, sc *scenario, d *dataset, rec *recorder, res driveRes
 	msf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	r := report{
 		Scenario: cfg.Scenario, URL: cfg.URL, Concurrency: cfg.Concurrency, Rate: cfg.Rate, Seed: cfg.Seed,
-		Seconds: res.elapsed.Seconds(), Exhausted: res.exhausted,
+		Seconds: res.elapsed.Seconds(), Warmup: cfg.Warmup.Seconds(), Exhausted: res.exhausted,
 		Requests:      rec.requests,
 		Throughput:    float64(len(lat)) / res.elapsed.Seconds(),
 		Answers:       rec.answers,
@@ -114,6 +115,9 @@ func (r report) print(w io.Writer) {
 	stopped := ""
 	if r.Exhausted {
 		stopped = "  (stopped early: every ACTIVE policy was used; raise -users or -policies-per-user)"
+	}
+	if r.Warmup > 0 {
+		stopped += fmt.Sprintf("  (after %.0fs of warm-up, not counted)", r.Warmup)
 	}
 	p("requests    %s in %.1fs, %s/s, %s keys%s", thousands(r.Requests), r.Seconds, thousands(int64(r.Throughput)), thousands(r.Keys), stopped)
 	p("latency     p50 %.1fms  p95 %.1fms  p99 %.1fms  max %.1fms", r.LatencyMS.P50, r.LatencyMS.P95, r.LatencyMS.P99, r.LatencyMS.Max)

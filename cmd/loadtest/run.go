@@ -62,7 +62,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	res := r.drive(ctx, sc, stderr)
+	if cfg.Warmup > 0 {
+		r.drive(ctx, sc, cfg.Warmup, stderr)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rec.startMeasuring()
+	}
+	if cfg.Vacuum != "" {
+		if err := vacuum(ctx, cfg.Vacuum); err != nil {
+			return err
+		}
+	}
+	res := r.drive(ctx, sc, cfg.Duration, stderr)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -110,13 +122,12 @@ type driveResult struct {
 	verdict   verdict
 }
 
-// drive runs cfg.Concurrency clients until the duration passes (an intent
-// under way finishes: its requests are part of the run) or the policies
-// run out.
-func (r *runState) drive(ctx context.Context, sc *scenario, stderr io.Writer) driveResult {
-	deadline := time.Now().Add(r.cfg.Duration)
+// drive runs cfg.Concurrency clients until d passes (an intent under way
+// finishes: its requests are part of the run) or the policies run out.
+func (r *runState) drive(ctx context.Context, sc *scenario, d time.Duration, stderr io.Writer) driveResult {
+	deadline := time.Now().Add(d)
 	start := time.Now()
-	stopProgress := startProgress(stderr, r.rec, start, r.cfg.Duration)
+	stopProgress := startProgress(stderr, r.rec, start, d)
 	var exhausted atomic.Bool
 	var wg sync.WaitGroup
 	for i := range r.cfg.Concurrency {

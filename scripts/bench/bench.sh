@@ -16,8 +16,13 @@
 #   (e) events: 10,000 events through both consumers, per transport;
 #   (f) events: the lag while the cancellation workload runs (events-lag.sh).
 #
+# Each run of (a) and (b) is readied alike: a fresh dataset, a warm-up of the
+# same workload (WARMUP_SECONDS, not measured), VACUUM ANALYZE, CHECKPOINT —
+# so every connection's cached plans fit tables that are no longer empty
+# (docs/performance.md, "plans made for an empty table").
+#
 # Env: DATABASE_URL (the server; a database idemlab_bench is created and
-# dropped), BENCH_SECONDS (10), CLIENTS (16), BOOK_CLIENTS (32), BOOK_SLOTS (8),
+# dropped), BENCH_SECONDS (10), WARMUP_SECONDS (4), CLIENTS (16), BOOK_CLIENTS (32), BOOK_SLOTS (8),
 # DB_MAX_CONNS (the app's pool, default 8), STALE_OPS (10000), RECOVERY_WAIT (60).
 set -euo pipefail
 
@@ -25,7 +30,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 server="${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 db="idemlab_bench"
 url="${server/\/postgres\?/\/$db?}"
-secs="${BENCH_SECONDS:-10}" clients="${CLIENTS:-16}" book_clients="${BOOK_CLIENTS:-32}" book_slots="${BOOK_SLOTS:-8}"
+secs="${BENCH_SECONDS:-10}" warm="${WARMUP_SECONDS:-4}" clients="${CLIENTS:-16}" book_clients="${BOOK_CLIENTS:-32}" book_slots="${BOOK_SLOTS:-8}"
 stale="${STALE_OPS:-10000}" recovery_wait="${RECOVERY_WAIT:-60}"
 pgbench="$(command -v pgbench || echo /usr/lib/postgresql/15/bin/pgbench)"
 work="$(mktemp -d)"
@@ -60,10 +65,16 @@ reset() { # reset USERS POLICIES_PER_USER SLOTS
 }
 vacuum() { psql -q "$url" -c 'VACUUM ANALYZE' >/dev/null; psql -q "$url" -c 'CHECKPOINT' >/dev/null; }
 
-# pgbench_run NAME SCRIPT CLIENTS [extra args]: prints "tps p99_ms".
+# pgbench_run NAME SCRIPT CLIENTS [extra args]: the warm-up, VACUUM ANALYZE
+# and CHECKPOINT, the measured run; prints "tps p99_ms".
 pgbench_run() {
 	local name="$1" script="$2" c="$3"; shift 3
 	mkdir -p "$work/$name"
+	if ((warm > 0)); then
+		"$pgbench" -n -M prepared -c "$c" -j 2 -T "$warm" -f "$script" "$@" "$url" >/dev/null 2>&1 ||
+			{ say "bench: pgbench warm-up of $name failed"; exit 1; }
+	fi
+	vacuum
 	"$pgbench" -n -M prepared -c "$c" -j 2 -T "$secs" -f "$script" -l --log-prefix="$work/$name/log" "$@" "$url" \
 		>"$work/$name/out" 2>&1 || { cat "$work/$name/out" >&2; exit 1; }
 	local tps p99
@@ -73,10 +84,12 @@ pgbench_run() {
 	echo "$tps $p99"
 }
 
-# loadtest_run SCENARIO CLIENTS [flags]: prints "throughput p99_ms 5xx pass".
+# loadtest_run SCENARIO CLIENTS [flags]: the reset, the warm-up, VACUUM
+# ANALYZE and CHECKPOINT (loadtest -vacuum), the measured run; prints
+# "throughput p99_ms 5xx pass".
 loadtest_run() {
 	local s="$1" c="$2"; shift 2
-	"$work/loadtest" -url "$app" -scenario "$s" -concurrency "$c" -duration "${secs}s" -json "$@" \
+	"$work/loadtest" -url "$app" -scenario "$s" -concurrency "$c" -warmup "${warm}s" -vacuum "$url" -duration "${secs}s" -json "$@" \
 		>"$work/$s.json" 2>/dev/null || true
 	jq -r '"\(.throughput) \(.latency_ms.p99) \(.server_errors) \(.pass)"' "$work/$s.json"
 }
@@ -87,29 +100,26 @@ psql -q "$url" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgben
 free_slots="${FREE_SLOTS:-60000}"
 
 say "bench: (a) pgbench, cancellation, $clients clients, ${secs}s"
-reset 1000 100 8 && vacuum
+reset 1000 100 8
 read -r pg_cancel_tps pg_cancel_p99 < <(pgbench_run cancel "$root/scripts/bench/cancel.sql" "$clients")
 
 say "bench: (a) pgbench, booking free slots, $clients clients, ${secs}s"
-reset 0 1 "$free_slots" && vacuum
+reset 0 1 "$free_slots"
 read -r pg_free_tps pg_free_p99 < <(pgbench_run book-free "$root/scripts/bench/book-free.sql" "$clients")
 
 say "bench: (a) pgbench, booking, $book_clients clients on $book_slots slots, ${secs}s"
-reset 0 1 "$book_slots" && vacuum
+reset 0 1 "$book_slots"
 read -r pg_book_tps pg_book_p99 < <(pgbench_run book "$root/scripts/bench/book.sql" "$book_clients" -D slots="$book_slots")
 
 say "bench: (b) app, cancellation, $clients clients, ${secs}s"
-vacuum
 read -r app_cancel_tps app_cancel_p99 app_cancel_5xx app_cancel_pass < <(loadtest_run cancel "$clients" -users 1000 -policies-per-user 100)
 
 say "bench: (b) app, booking free slots, $clients clients, ${secs}s"
-vacuum
 read -r app_free_tps app_free_p99 app_free_5xx app_free_pass < <(loadtest_run book-free "$clients" -users 3 -policies-per-user 1 -slots "$free_slots")
 
 say "bench: (b) app, cancellation, events delivered by the same process, $clients clients, ${secs}s"
 start_app app-3 18200 on
 app="http://127.0.0.1:18200"
-vacuum
 read -r app_cancel_ev_tps app_cancel_ev_p99 app_cancel_ev_5xx app_cancel_ev_pass < <(loadtest_run cancel "$clients" -users 1000 -policies-per-user 100)
 kill "${pids[-1]}" && wait "${pids[-1]}" 2>/dev/null || true
 unset 'pids[-1]'

@@ -12,7 +12,7 @@
 #
 # Env: DATABASE_URL (the server; databases idemlab_pairs[_base] are created
 # and dropped), ROUNDS (3), WORKLOADS ("cancel book-free"), BENCH_SECONDS
-# (10), CLIENTS (16), DB_MAX_CONNS (the apps' pool, default 8), FREE_SLOTS
+# (10), WARMUP_SECONDS (4: see warm-up below), CLIENTS (16), DB_MAX_CONNS (the apps' pool, default 8), FREE_SLOTS
 # (60000), PAIRS_PORT (23480), BASE (a git revision: its app runs too, on
 # its own port and database, so a change is measured before and after in
 # the same rounds), APP_ENV and BASE_ENV (settings for one app alone, such
@@ -23,7 +23,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 server="${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 db="idemlab_pairs"
-secs="${BENCH_SECONDS:-10}" clients="${CLIENTS:-16}" rounds="${ROUNDS:-3}"
+secs="${BENCH_SECONDS:-10}" warm="${WARMUP_SECONDS:-4}" clients="${CLIENTS:-16}" rounds="${ROUNDS:-3}"
 workloads="${WORKLOADS:-cancel book-free}" free_slots="${FREE_SLOTS:-60000}"
 pgbench="$(command -v pgbench || echo /usr/lib/postgresql/15/bin/pgbench)"
 work="$(mktemp -d)"
@@ -65,7 +65,9 @@ start() {
 	done
 	psql -q "$server" -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" -c "CREATE DATABASE $d" >/dev/null
 	DATABASE_URL="$u" "$bin" migrate up >/dev/null 2>&1
-	env "$@" DATABASE_URL="$u" ADDR="127.0.0.1:$p" PROVIDER_ADDR="127.0.0.1:$((p + 1))" PAYMENTS_ADDR="127.0.0.1:$((p + 2))" DEMO_MODE=true \
+	# The events stay in the outbox (the floor delivers none) unless the
+	# settings given say otherwise (APP_ENV="EVENTS_WORKERS=on").
+	env EVENTS_WORKERS=off "$@" DATABASE_URL="$u" ADDR="127.0.0.1:$p" PROVIDER_ADDR="127.0.0.1:$((p + 1))" PAYMENTS_ADDR="127.0.0.1:$((p + 2))" DEMO_MODE=true \
 		RATE_LIMIT_EXEMPT=127.0.0.1 SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$name" LOG_LEVEL=error \
 		"$bin" serve >"$work/$name.log" 2>&1 &
 	pids+=($!)
@@ -90,10 +92,23 @@ reset() { # reset USERS POLICIES_PER_USER SLOTS: the app's data, ids from 1 agai
 }
 vacuum() { psql -q "$1" -c 'VACUUM ANALYZE' >/dev/null; psql -q "$1" -c 'CHECKPOINT' >/dev/null; }
 
+# Both sides are readied alike: a fresh dataset, a warm-up of the same
+# workload (WARMUP_SECONDS, not measured), VACUUM ANALYZE and CHECKPOINT,
+# then the measured run. The warm-up matters: a reset leaves the operation
+# tables empty, and a prepared statement's plan, cached by each connection
+# after its fifth use, is made for the table as it is then — a sequential
+# scan of a table of one page, kept while the table grows to thousands of
+# pages. ANALYZE after the warm-up makes every connection plan again for the
+# data as it now is (docs/performance.md, "plans made for an empty table").
+
 # floor WORKLOAD: pgbench on a fresh dataset; prints "tps p50_ms p99_ms".
 floor() {
 	local name="$1" n="$work/pg-$1-$RANDOM"
 	case "$name" in cancel) reset 1000 100 8 ;; book-free) reset 0 1 "$free_slots" ;; esac
+	if ((warm > 0)); then
+		"$pgbench" -n -M prepared -c "$clients" -j 2 -T "$warm" -f "$work/$name.sql" "$url" >/dev/null 2>&1 ||
+			{ say "pairs: pgbench warm-up failed"; exit 1; }
+	fi
 	vacuum "$url"
 	mkdir -p "$n"
 	"$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$work/$name.sql" -l --log-prefix="$n/log" "$url" \
@@ -112,9 +127,8 @@ app_run() {
 	local name="$1" out="$work/app-$1-$RANDOM.json"
 	local -a data
 	case "$name" in cancel) data=(-users 1000 -policies-per-user 100) ;; book-free) data=(-users 3 -policies-per-user 1 -slots "$free_slots") ;; esac
-	vacuum "$3"
-	"$work/loadtest" -url "$2" -scenario "$name" -concurrency "$clients" -duration "${secs}s" -json "${data[@]}" \
-		>"$out" 2>/dev/null || true
+	"$work/loadtest" -url "$2" -scenario "$name" -concurrency "$clients" -warmup "${warm}s" -vacuum "$3" -duration "${secs}s" \
+		-json "${data[@]}" >"$out" 2>/dev/null || true
 	jq -r '"\(.throughput) \(.latency_ms.p50) \(.latency_ms.p99) \(.pass)"' "$out"
 }
 
