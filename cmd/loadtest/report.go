@@ -19,7 +19,7 @@ type report struct {
 	Seed        uint64  `json:"seed"`
 	Seconds     float64 `json:"seconds"`
 	Warmup      float64 `json:"warmup_seconds,omitempty"` // driven before Seconds, not in the figures
-	Exhausted   bool    `json:"exhausted"` // stopped early: no ACTIVE policy left
+	Exhausted   bool    `json:"exhausted"`                // stopped early: no ACTIVE policy left
 
 	Requests   int64            `json:"requests"`
 	Throughput float64          `json:"throughput"` // answered requests per second
