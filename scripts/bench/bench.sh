@@ -100,7 +100,7 @@ psql -q "$url" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgben
 free_slots="${FREE_SLOTS:-60000}"
 
 say "bench: (a) pgbench, cancellation, $clients clients, ${secs}s"
-reset 1000 100 8
+reset 1000 100 8 && psql -q "$url" -f "$root/scripts/bench/policy-order.sql" >/dev/null
 read -r pg_cancel_tps pg_cancel_p99 < <(pgbench_run cancel "$root/scripts/bench/cancel.sql" "$clients")
 
 say "bench: (a) pgbench, booking free slots, $clients clients, ${secs}s"

@@ -15,8 +15,9 @@
 -- consumers) is not in it: the app's run to compare with delivers them in
 -- another process (EVENTS_WORKERS=off, `web events`).
 
--- The next ACTIVE policy (the run's sequence hands each out once) and its owner.
-SELECT id AS pid, user_id AS uid FROM policies WHERE id = (SELECT nextval('pgbench_policy_seq')) \gset
+-- The next ACTIVE policy in a shuffled order (policy-order.sql; the run's
+-- sequence hands each out once) and its owner.
+SELECT id AS pid, user_id AS uid FROM pgbench_policy_order WHERE n = (SELECT nextval('pgbench_policy_seq')) \gset
 
 -- 1. The key's claim, the first statement of the workflow's first transaction
 --    (Attempt.Claim), then record_intent, the steps, provider_cancel SENT and

@@ -104,7 +104,10 @@ vacuum() { psql -q "$1" -c 'VACUUM ANALYZE' >/dev/null; psql -q "$1" -c 'CHECKPO
 # floor WORKLOAD: pgbench on a fresh dataset; prints "tps p50_ms p99_ms".
 floor() {
 	local name="$1" n="$work/pg-$1-$RANDOM"
-	case "$name" in cancel) reset 1000 100 8 ;; book-free) reset 0 1 "$free_slots" ;; esac
+	case "$name" in
+	cancel) reset 1000 100 8 && psql -q "$url" -f "$work/policy-order.sql" >/dev/null ;;
+	book-free) reset 0 1 "$free_slots" ;;
+	esac
 	if ((warm > 0)); then
 		"$pgbench" -n -M prepared -c "$clients" -j 2 -T "$warm" -f "$work/$name.sql" "$url" >/dev/null 2>&1 ||
 			{ say "pairs: pgbench warm-up failed"; exit 1; }
