@@ -26,7 +26,19 @@ func TestSplitFuncNamesTheWriter(t *testing.T) {
 func TestWriterOfSkipsThePlumbing(t *testing.T) {
 	var r runner
 	r.event(nil, nil, "", "", "", "")
-	if got := r.events[0].writer; got != "internal/workflow/writer_test.go:TestWriterOfSkipsThePlumbing" {
-		t.Errorf("writer = %q", got)
+	r.event(nil, nil, "", "", "", "") // what is cached per place answers the same
+	noteAnotherLine(&r)               // and the plumbing's place, cached as passed over, still leads to its caller
+	want := []string{
+		"internal/workflow/writer_test.go:TestWriterOfSkipsThePlumbing",
+		"internal/workflow/writer_test.go:TestWriterOfSkipsThePlumbing",
+		"internal/workflow/writer_test.go:noteAnotherLine",
+	}
+	for i, w := range want {
+		if got := r.events[i].writer; got != w {
+			t.Errorf("line %d: writer = %q, want %q", i, got, w)
+		}
 	}
 }
+
+//go:noinline
+func noteAnotherLine(r *runner) { r.event(nil, nil, "", "", "", "") }
