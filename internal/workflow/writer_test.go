@@ -1,6 +1,9 @@
 package workflow
 
-import "testing"
+import (
+	"runtime"
+	"testing"
+)
 
 func TestSplitFuncNamesTheWriter(t *testing.T) {
 	for full, want := range map[string][2]string{
@@ -42,3 +45,24 @@ func TestWriterOfSkipsThePlumbing(t *testing.T) {
 
 //go:noinline
 func noteAnotherLine(r *runner) { r.event(nil, nil, "", "", "", "") }
+
+// BenchmarkWriterOf: the writer of a timeline line, from the cache and
+// resolved from the stack as every line did before the cache.
+func BenchmarkWriterOf(b *testing.B) {
+	b.Run("cached", func(b *testing.B) {
+		for b.Loop() {
+			writerOf()
+		}
+	})
+	b.Run("resolved", func(b *testing.B) {
+		for b.Loop() {
+			var pcs [24]uintptr
+			n := runtime.Callers(1, pcs[:])
+			for _, pc := range pcs[:n] {
+				if writerAt(pc) != "" {
+					break
+				}
+			}
+		}
+	})
+}
