@@ -189,7 +189,7 @@ if [[ "$live" -eq 0 ]]; then
 	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "${elapsed}s" "" "target ≤ 60 s · invariants ok: $recovery_ok"
 else
 	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "not done" "" \
-		"$live still live after ${recovery_wait}s: does web serve run the recovery loop?"
+		"$live still live after ${recovery_wait}s (target: none; RECOVERY_WAIT=300 to see when it drains)"
 fi
 
 # (e) events: 10,000 events through both consumers, per transport (internal/events BenchmarkDrain).
