@@ -163,11 +163,3 @@ func labTry(l LabInfo) string {
 	}
 	return "press Run the lab, then compare the two rows and the two timelines."
 }
-
-// subject is what a live operation acts on, as the recovery page names it.
-func (o LiveOperation) subject() string {
-	if o.BookingID != 0 {
-		return "booking " + int64Text(o.BookingID)
-	}
-	return "policy " + int64Text(o.PolicyID)
-}

@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // TestALiveOperationNamesItsSubject: the recovery page's live list names a
 // deposit saga's booking — it had shown such an operation as "policy 0".
 func TestALiveOperationNamesItsSubject(t *testing.T) {
 	v := RecoveryView{Live: []LiveOperation{
-		{ID: 1, PolicyID: 3, Status: "IN_PROGRESS"},
-		{ID: 2, BookingID: 7, Status: "RECOVERING"},
+		{ID: 1, Subject: workflow.Operation{PolicyID: 3}.Subject(), Status: "IN_PROGRESS"},
+		{ID: 2, Subject: workflow.Operation{BookingID: 7}.Subject(), Status: "RECOVERING"},
 	}}
 	var out bytes.Buffer
 	if err := RecoveryPanel(v).Render(t.Context(), &out); err != nil {

@@ -293,12 +293,8 @@ func deskNotice(q url.Values) string {
 // deskCard is an item as its card shows it.
 func deskCard(it workflow.Item) views.DeskItem {
 	op := it.Operation
-	subject := fmt.Sprintf("policy %d", op.PolicyID)
-	if op.BookingID != 0 {
-		subject = fmt.Sprintf("booking %d", op.BookingID)
-	}
 	card := views.DeskItem{
-		ID: op.ID, PolicyNumber: subject, Step: it.Stuck.Name, System: it.Facts.System, StepKey: it.Stuck.Key,
+		ID: op.ID, PolicyNumber: op.Subject(), Step: it.Stuck.Name, System: it.Facts.System, StepKey: it.Stuck.Key,
 		Attempts: op.Attempts, Since: it.HandedOver.UTC().Format("15:04:05 MST"), Reason: string(it.Facts.Reason),
 		Truth: it.Truth(), Headline: it.Advice.Headline, Why: it.Advice.Why, Then: it.Advice.Then, Now: it.Advice.Now,
 		Suggested: it.Advice.Suggested, Suggestion: it.Advice.Suggestion, Unambiguous: it.Advice.Unambiguous,

@@ -124,7 +124,7 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	}
 	for _, l := range s.Live {
 		row := views.LiveOperation{
-			ID: l.ID, PolicyID: l.PolicyID, BookingID: l.BookingID, Status: l.Status, Owner: deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
+			ID: l.ID, Subject: l.Subject(), Status: l.Status, Owner: deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
 			Attempts: l.Attempts, LastError: deref(l.LastError), State: "owned", StateKind: "DONE",
 		}
 		switch {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -82,6 +83,15 @@ type Operation struct {
 // Terminal reports whether nothing more will happen to op on its own.
 func (op Operation) Terminal() bool {
 	return op.Status == StatusSucceeded || op.Status == StatusFailed || op.Status == StatusNeedsReconciliation
+}
+
+// Subject names what op acts on, as the admin's lists show it: "policy 3",
+// or "booking 7" for the deposit saga.
+func (op Operation) Subject() string {
+	if op.BookingID != 0 {
+		return "booking " + strconv.FormatInt(op.BookingID, 10)
+	}
+	return "policy " + strconv.FormatInt(op.PolicyID, 10)
 }
 
 // Step returns the step called name in op's current run.
