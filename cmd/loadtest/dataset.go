@@ -156,10 +156,11 @@ func listIDs(ctx context.Context, c *client, token, path string) ([]int64, error
 	}
 }
 
-// vacuum readies the freshly reset dataset as the floor's runs are readied:
-// a reset has just written every row, so without it the run would pay for
-// the first visits to new tuples (hint bits), the planner would plan with
-// the old statistics, and a checkpoint could start mid-run.
+// vacuum readies the dataset as the floor's runs are readied, after the
+// reset and the warm-up: ANALYZE makes every connection of the app plan its
+// cached statements again for tables that are no longer empty (see -warmup),
+// VACUUM has the reset's new rows visited once already, and CHECKPOINT keeps
+// a checkpoint from starting mid-run.
 func vacuum(ctx context.Context, databaseURL string) error {
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
