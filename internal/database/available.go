@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"reflect"
 	"syscall"
 	"time"
 
@@ -20,6 +21,12 @@ var ErrUnavailable = errors.New("database: unavailable")
 
 // IsUnavailable reports whether err means the database could not be reached
 // or dropped the connection, as opposed to refusing a statement.
+//
+// Only what came from the database driver counts: a refused connection or an
+// EOF is the database's when pgx's connection layer (pgconn) reported it. The
+// same causes from an HTTP call — the provider or payments away — are theirs,
+// and answering them "database unavailable" would send an operator to the
+// wrong machine.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -31,12 +38,7 @@ func IsUnavailable(err error) bool {
 	switch {
 	case errors.Is(err, ErrUnavailable),
 		errors.As(err, &connect),             // could not connect at all
-		errors.Is(err, pgconn.ErrConnClosed), // the connection died under us
-		errors.Is(err, io.ErrUnexpectedEOF),  // … mid-answer
-		errors.Is(err, io.EOF),
-		errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNREFUSED),
-		errors.Is(err, syscall.EPIPE):
+		errors.Is(err, pgconn.ErrConnClosed): // the connection died under us
 		return true
 	case errors.As(err, &pgErr):
 		switch pgErr.Code {
@@ -48,7 +50,44 @@ func IsUnavailable(err error) bool {
 		}
 		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" // connection exceptions
 	}
-	return false
+	driver := fromDriver(err)
+	return driver != nil && (errors.Is(driver, io.ErrUnexpectedEOF) || // dropped mid-answer
+		errors.Is(driver, io.EOF) ||
+		errors.Is(driver, syscall.ECONNRESET) ||
+		errors.Is(driver, syscall.ECONNREFUSED) ||
+		errors.Is(driver, syscall.EPIPE))
+}
+
+// pgconnPackage is the import path of pgx's connection layer, whose error
+// types (most of them unexported) wrap every network failure of a query.
+var pgconnPackage = reflect.TypeFor[pgconn.PgError]().PkgPath()
+
+// fromDriver returns the first error in err's chain that pgconn made (its
+// causes below it), or nil when the error never passed through the driver.
+func fromDriver(err error) error {
+	for err != nil {
+		t := reflect.TypeOf(err)
+		if t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.PkgPath() == pgconnPackage {
+			return err
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if d := fromDriver(e); d != nil {
+					return d
+				}
+			}
+			return nil
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // WaitFor calls open until it succeeds or fails for a reason other than an

@@ -6,9 +6,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemlab/idemlab/internal/database"
@@ -23,7 +30,6 @@ func TestIsUnavailable(t *testing.T) {
 		{&pgconn.PgError{Code: "57P03"}, true},                // starting up
 		{&pgconn.PgError{Code: "57P01"}, true},                // shutting down
 		{&pgconn.PgError{Code: "08006"}, true},                // connection failure
-		{fmt.Errorf("users: %w", io.ErrUnexpectedEOF), true},  // dropped mid-answer
 		{fmt.Errorf("slots: %w", pgconn.ErrConnClosed), true}, // dead connection
 		{&pgconn.PgError{Code: "23505"}, false},               // a refused statement
 		{&pgconn.PgError{Code: "55P03"}, false},               // a lock wait: not an outage
@@ -31,10 +37,66 @@ func TestIsUnavailable(t *testing.T) {
 		{errors.New("policies: operation not found"), false},  // a domain error
 		{fmt.Errorf("x: %w", database.ErrUnavailable), true},  // marked by hand
 		{nil, false},
+		// Network failures that never passed through the driver are not
+		// the database's: an HTTP call to the provider ends like this.
+		{fmt.Errorf("users: %w", io.ErrUnexpectedEOF), false},
+		{fmt.Errorf("labs: %w", &url.Error{Op: "Put", URL: "http://provider/v1/faults",
+			Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}), false},
 	} {
 		if got := database.IsUnavailable(tc.err); got != tc.want {
 			t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// Finding 27 of issue 29: with the provider away, a lab answered "database
+// unavailable". The classification goes by where the error came from: the
+// same refused connection and the same EOF count when the driver reports
+// them, and do not when an HTTP client does.
+func TestIsUnavailableByOrigin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// An HTTP server that is not there, and one that hangs up mid-answer.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := "http://" + ln.Addr().String()
+	ln.Close()
+	_, refused := http.Get(gone)
+	hangUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	}))
+	defer hangUp.Close()
+	_, eof := http.Get(hangUp.URL)
+	for name, err := range map[string]error{"refused": refused, "hang-up": eof} {
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, io.EOF) {
+			t.Fatalf("HTTP %s: %v, want a refused connection or an EOF", name, err)
+		}
+		if database.IsUnavailable(fmt.Errorf("labs: %w", err)) {
+			t.Errorf("HTTP %s (%v) classified as the database's", name, err)
+		}
+	}
+
+	// The database killed under an open connection, and then away.
+	c := pgcluster.ForTest(t, pgcluster.Options{})
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := c.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	if err == nil || !database.IsUnavailable(fmt.Errorf("users: %w", err)) {
+		t.Errorf("a query on a connection whose server died: %v, want unavailable", err)
+	}
+	_, err = pgx.Connect(ctx, c.URL())
+	if err == nil || !database.IsUnavailable(err) {
+		t.Errorf("connecting to a stopped server: %v, want unavailable", err)
 	}
 }
 

@@ -86,7 +86,9 @@ func runTimeouts(ctx context.Context, e *env) ([]Variant, error) {
 		// slow: accepted, and complete only well after the app stops waiting
 		f.SlowMS = int((d.ProviderTimeout + 2*time.Second).Milliseconds())
 		if _, err := d.Provider.SetFaults(ctx, f); err != nil {
-			return nil, fmt.Errorf("labs: timeouts: schedule %s: %w", mode, err)
+			// The provider's control API is away: the lab cannot run (503
+			// lab-unavailable), and it is not the database's fault.
+			return nil, fmt.Errorf("%w: the provider does not answer (schedule %s): %v", ErrUnavailable, mode, err)
 		}
 		wg.Add(1)
 		go func() {
