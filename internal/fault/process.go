@@ -31,13 +31,16 @@ type Keyed interface {
 	// not idempotent was accepted: an acceptance overrides an earlier
 	// refusal, and the earliest completion stands.
 	AcceptAgain(ctx context.Context, tx pgx.Tx) error
+	// Notify queues the callbacks of the key's outcome as now recorded
+	// (Outbox.Notify), in the transaction that recorded it.
+	Notify(ctx context.Context, tx pgx.Tx) error
 }
 
 // Process carries out one call of subject in the fake's transaction tx.
 // This is where the idempotency switch lives, once for every fake:
 //
 //   - The first call with a key records it and, if accepted, applies the
-//     effect, in the same commit.
+//     effect, in the same commit — with the callbacks of its outcome queued.
 //   - A repeat on an idempotent fake only counts the attempt: no effect, and
 //     the key's record (the first outcome) is what it answers.
 //   - A repeat on a fake that is not idempotent is processed again: a second
@@ -57,9 +60,11 @@ func Process(ctx context.Context, tx pgx.Tx, call Call, subject Subject, k Keyed
 	}
 	if first {
 		if k.Accepted() {
-			return k.ApplyEffect(ctx, tx)
+			if err := k.ApplyEffect(ctx, tx); err != nil {
+				return err
+			}
 		}
-		return nil
+		return k.Notify(ctx, tx)
 	}
 	owner, err := k.CountRepeat(ctx, tx)
 	if err != nil {
@@ -74,5 +79,8 @@ func Process(ctx context.Context, tx pgx.Tx, call Call, subject Subject, k Keyed
 	if err := k.ApplyEffect(ctx, tx); err != nil {
 		return err
 	}
-	return k.AcceptAgain(ctx, tx)
+	if err := k.AcceptAgain(ctx, tx); err != nil {
+		return err
+	}
+	return k.Notify(ctx, tx)
 }

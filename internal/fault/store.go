@@ -312,6 +312,7 @@ func (s *Store) Reset(ctx context.Context, tx pgx.Tx) error {
 	batch.Queue(`DELETE FROM fault.script WHERE system = $1`, s.system)
 	batch.Queue(`DELETE FROM fault.settings WHERE system = $1 AND subject IS NOT NULL`, s.system)
 	batch.Queue(`DELETE FROM fault.late_arrivals WHERE system = $1`, s.system)
+	batch.Queue(`DELETE FROM fault.webhook_settings WHERE system = $1`, s.system)
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("fault: %s reset: %w", s.system, err)
 	}

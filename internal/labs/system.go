@@ -183,6 +183,9 @@ func (c fakeCall) AcceptAgain(ctx context.Context, tx pgx.Tx) error {
 	return fakeRequests.AcceptAgain(ctx, tx, c.key, c.fault.CompletesIn())
 }
 
+// Notify: the lab's system sends no callbacks.
+func (c fakeCall) Notify(context.Context, pgx.Tx) error { return nil }
+
 // ApplyEffect writes the effect itself: one row per call carried out.
 func (c fakeCall) ApplyEffect(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `

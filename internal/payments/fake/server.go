@@ -33,6 +33,7 @@ func New(pool *pgxpool.Pool, opts Options) *Payments {
 		`DELETE FROM fake_payments.ledger`,
 		`DELETE FROM fake_payments.refunds`,
 		`DELETE FROM fake_payments.charges`,
+		webhooks.Forget(),
 	}, opts)}
 }
 
@@ -49,6 +50,8 @@ func New(pool *pgxpool.Pool, opts Options) *Payments {
 //	GET  /v1/faults           the fault configuration
 //	PUT  /v1/faults           set one fault (global, override or script)
 //	POST /v1/reset            forget everything, restore the defaults
+//	GET  /v1/webhooks         the callback setting and the webhook outbox
+//	PUT  /v1/webhooks         set how callbacks are sent (fault.WebhookSettings)
 func (p *Payments) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/charges", p.handleCharge)
@@ -56,8 +59,12 @@ func (p *Payments) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/refunds", p.handleRefund)
 	mux.HandleFunc("GET /v1/refunds/{key}", p.handleRefundStatus)
 	p.Register(mux, "/v1/ledger", p.handleLedger)
+	fault.WebhookAPI{Service: p.Service, Outbox: webhooks}.Register(mux)
 	return mux
 }
+
+// Webhooks is the service's webhook outbox, for its sender.
+func (p *Payments) Webhooks() fault.Outbox { return webhooks }
 
 // MaxAmountCents bounds one charge or refund (1,000,000.00).
 const MaxAmountCents = 100_000_000

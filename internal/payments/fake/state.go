@@ -22,6 +22,8 @@ import (
 var (
 	charges = fault.NewTable("fake_payments", "charges")
 	refunds = fault.NewTable("fake_payments", "refunds")
+	// webhooks is its outbox of callbacks, for charges and refunds alike.
+	webhooks = fault.NewOutbox("fake_payments", "payments")
 )
 
 // charge is one charge call. It is for a policy or for a booking (a deposit).
@@ -85,6 +87,11 @@ func (c charge) ApplyEffect(ctx context.Context, tx pgx.Tx) error {
 		VALUES ('charge', $1, $2, $3, $4, now() + $5 * interval '1 millisecond')`,
 		c.key, c.policyID, c.bookingID, c.amount, c.fault.CompletesIn().Milliseconds())
 	return err
+}
+
+// Notify queues the callbacks of the charge's outcome.
+func (c charge) Notify(ctx context.Context, tx pgx.Tx) error {
+	return webhooks.Notify(ctx, tx, charges, c.key)
 }
 
 // AcceptAgain: see fault.Table.AcceptAgain.
@@ -184,6 +191,11 @@ func (r *refund) ApplyEffect(ctx context.Context, tx pgx.Tx) error {
 		VALUES ('refund', $1, $2, $3, $4, $5, now() + $6 * interval '1 millisecond')`,
 		r.key, policyID, bookingID, r.chargeKey, r.amount, r.fault.CompletesIn().Milliseconds())
 	return err
+}
+
+// Notify queues the callbacks of the refund's outcome.
+func (r *refund) Notify(ctx context.Context, tx pgx.Tx) error {
+	return webhooks.Notify(ctx, tx, refunds, r.key)
 }
 
 // AcceptAgain: see fault.Table.AcceptAgain.

@@ -34,6 +34,7 @@ func New(pool *pgxpool.Pool, opts Options) *Provider {
 	return &Provider{fault.NewService(pool, "provider", []string{"policy"}, []string{
 		`DELETE FROM fake_provider.effects`,
 		`DELETE FROM fake_provider.requests`,
+		webhooks.Forget(),
 	}, opts)}
 }
 
@@ -48,13 +49,19 @@ func New(pool *pgxpool.Pool, opts Options) *Provider {
 //	GET  /v1/faults               the fault configuration
 //	PUT  /v1/faults               set one fault (global, override or script)
 //	POST /v1/reset                forget everything, restore the defaults
+//	GET  /v1/webhooks             the callback setting and the webhook outbox
+//	PUT  /v1/webhooks             set how callbacks are sent (fault.WebhookSettings)
 func (p *Provider) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/cancellations", p.handleCancel)
 	mux.HandleFunc("GET /v1/cancellations/{key}", p.handleStatus)
 	p.Register(mux, "/v1/effects", p.handleEffects)
+	fault.WebhookAPI{Service: p.Service, Outbox: webhooks}.Register(mux)
 	return mux
 }
+
+// Webhooks is the provider's webhook outbox, for its sender.
+func (p *Provider) Webhooks() fault.Outbox { return webhooks }
 
 // statusAnswer is the JSON of a status answer.
 type statusAnswer struct {

@@ -19,8 +19,12 @@ import (
 // errKeyReused reports a key already used for another policy.
 var errKeyReused = fault.ErrKeyReused
 
-// requests is the provider's table of key records.
-var requests = fault.NewTable("fake_provider", "requests")
+// requests is the provider's table of key records; webhooks its outbox of
+// callbacks.
+var (
+	requests = fault.NewTable("fake_provider", "requests")
+	webhooks = fault.NewOutbox("fake_provider", "provider")
+)
 
 // call is one cancellation call the provider processes. Its methods are the
 // provider's half of fault.Keyed: the SQL on the provider's own tables.
@@ -102,6 +106,11 @@ func (c call) CountRepeat(ctx context.Context, tx pgx.Tx) (fault.Subject, error)
 // AcceptAgain: see fault.Table.AcceptAgain.
 func (c call) AcceptAgain(ctx context.Context, tx pgx.Tx) error {
 	return requests.AcceptAgain(ctx, tx, c.key, c.completesIn())
+}
+
+// Notify queues the callbacks of the key's outcome.
+func (c call) Notify(ctx context.Context, tx pgx.Tx) error {
+	return webhooks.Notify(ctx, tx, requests, c.key)
 }
 
 // ApplyEffect writes one row to the effects ledger: the cancellation itself.
