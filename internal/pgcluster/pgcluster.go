@@ -358,6 +358,11 @@ func (c *Cluster) initdb() error {
 	for k, v := range c.opts.Settings {
 		settings[k] = v
 	}
+	return c.appendConf(settings)
+}
+
+// appendConf appends settings to postgresql.conf (later lines win).
+func (c *Cluster) appendConf(settings map[string]string) error {
 	names := make([]string, 0, len(settings))
 	for k := range settings {
 		names = append(names, k)

@@ -23,3 +23,23 @@ func ForTest(t testing.TB, opts Options) *Cluster {
 	})
 	return c
 }
+
+// StandbyForTest starts a streaming standby of primary for one test and
+// closes it when the test ends.
+func StandbyForTest(t testing.TB, primary *Cluster, opts Options) *Cluster {
+	t.Helper()
+	c, err := StartStandby(primary, opts)
+	if err != nil {
+		t.Fatalf("pgcluster: %v", err)
+		return nil
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgcluster: standby log (%s) ends:\n%s", c.LogPath(), c.logTail(3000))
+		}
+		if err := c.Close(); err != nil {
+			t.Logf("pgcluster: close standby: %v", err)
+		}
+	})
+	return c
+}
