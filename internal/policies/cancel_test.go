@@ -25,6 +25,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -194,7 +195,7 @@ func TestCancellationOutcomeForEachProviderMode(t *testing.T) {
 					t.Errorf("unknown outcome not handed over: lease %v, last_error %v", op.LeaseExpiresAt, op.LastError)
 				}
 			}
-			events, err := b.engine.Timeline(context.Background(), op.ID)
+			events, err := readmodel.Timeline(context.Background(), b.db.Pool, op.ID)
 			if err != nil || len(events) < 3 || events[0].ToStatus != workflow.StatusInProgress || events[len(events)-1].ToStatus != tc.status {
 				t.Fatalf("timeline %+v, %v", events, err)
 			}
@@ -346,7 +347,7 @@ func TestALateOwnerIsFencedOff(t *testing.T) {
 	if err != nil || op.Status != workflow.StatusRecovering || state(op, policies.StepProviderCancel) != workflow.StepSent {
 		t.Fatalf("after the fenced write: %+v %v", op, err)
 	}
-	events, _ := b.engine.Timeline(ctx, op.ID)
+	events, _ := readmodel.Timeline(ctx, b.db.Pool, op.ID)
 	last := events[len(events)-1]
 	if last.Branch == nil || *last.Branch != workflow.BranchFenced || last.Actor != "request A" {
 		t.Errorf("the refusal is not on the timeline: %+v", last)
@@ -413,7 +414,7 @@ func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
 	if n := b.effects(t, pid); n != 0 {
 		t.Fatalf("the retry called the provider: %d effects", n)
 	}
-	events, _ := b.engine.Timeline(ctx, op.ID)
+	events, _ := readmodel.Timeline(ctx, b.db.Pool, op.ID)
 	if last := events[len(events)-1]; last.Actor != "retry" {
 		t.Fatalf("timeline %+v", events)
 	}
@@ -667,7 +668,7 @@ func TestADelayedOriginalIsNotAppliedTwice(t *testing.T) {
 		t.Errorf("resent at %s, before the first call's deadline %s + %s", resent, firstDeadline, skew)
 	}
 	branches := map[string]bool{}
-	events, _ := b.engine.Timeline(ctx, op.ID)
+	events, _ := readmodel.Timeline(ctx, b.db.Pool, op.ID)
 	for _, e := range events {
 		if e.Branch != nil {
 			branches[*e.Branch] = true

@@ -23,8 +23,10 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/reconciliation"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -428,7 +430,7 @@ func canonical(points []crash.Point) []crash.Point {
 // branches lists the recovery branches on an operation's timeline.
 func (b *bundle) branches(t *testing.T, opID int64) []string {
 	t.Helper()
-	events, err := b.engine.Timeline(context.Background(), opID)
+	events, err := readmodel.Timeline(context.Background(), b.db.Pool, opID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +472,7 @@ func TestNotIdempotentLostResponseGoesToReconciliation(t *testing.T) {
 	if op.LastError == nil || !strings.Contains(*op.LastError, "last status query") {
 		t.Errorf("evidence missing: last_error %v", deref(op.LastError))
 	}
-	calls, _ := b.engine.Calls(context.Background(), op.ID)
+	calls, _ := readmodel.Calls(context.Background(), b.db.Pool, op.ID)
 	var sends, asks int
 	for _, cr := range calls {
 		switch cr.Kind {
@@ -484,7 +486,7 @@ func TestNotIdempotentLostResponseGoesToReconciliation(t *testing.T) {
 		t.Errorf("calls %d (want only the request's), status queries %d", sends, asks)
 	}
 	// The belief in force is on the timeline.
-	events, _ := b.engine.Timeline(context.Background(), op.ID)
+	events, _ := readmodel.Timeline(context.Background(), b.db.Pool, op.ID)
 	named := false
 	for _, e := range events {
 		named = named || strings.Contains(e.Detail, "believes provider calls are NOT idempotent")
@@ -737,7 +739,7 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				t.Fatalf("not in reconciliation: %s", seen.Status)
 			}
 
-			req := workflow.ResolveRequest{OperationID: seen.ID, Resolution: res, SeenUpdatedAt: seen.UpdatedAt, Actor: "admin"}
+			req := reconciliation.ResolveRequest{OperationID: seen.ID, Resolution: res, SeenUpdatedAt: seen.UpdatedAt, Actor: "admin"}
 			var wins, lost int
 			var wg sync.WaitGroup
 			var mu sync.Mutex
@@ -745,7 +747,7 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, err := b.engine.Resolve(ctx, req, workflow.Hooks[workflow.Operation]{})
+					_, err := reconciliation.New(b.db.Pool, b.engine).Resolve(ctx, req, workflow.Hooks[workflow.Operation]{})
 					mu.Lock()
 					defer mu.Unlock()
 					switch {

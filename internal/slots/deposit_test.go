@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/invariants"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -404,7 +406,7 @@ func TestAHoldWithAnUnknownChargeOutlivesItsTimer(t *testing.T) {
 		t.Errorf("a charge known never made, its hold's time up: slot %s, booking %s; want the hold expired", slot, booking)
 	}
 	op, _ := engine.GetOperation(ctx, opOf(t, s, dropped.ID), 0, true)
-	if op.Status != workflow.StatusFailed || !branchSeen(t, engine, op.ID, workflow.BranchAbandoned) {
+	if op.Status != workflow.StatusFailed || !branchSeen(t, s.db.Pool, op.ID, workflow.BranchAbandoned) {
 		t.Errorf("dropped: operation %s, want FAILED through the abandoned branch", op.Status)
 	}
 	// Another booker still meets the RUNNING charge's hold, overdue.
@@ -425,9 +427,9 @@ func opOf(t *testing.T, s *saga, bookingID int64) int64 {
 	return id
 }
 
-func branchSeen(t *testing.T, e *workflow.Engine, opID int64, branch string) bool {
+func branchSeen(t *testing.T, db database.DBTX, opID int64, branch string) bool {
 	t.Helper()
-	events, err := e.Timeline(context.Background(), opID)
+	events, err := readmodel.Timeline(context.Background(), db, opID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
@@ -62,10 +63,10 @@ func (app *App) loadOperation(ctx context.Context, c echo.Context) (operationVie
 func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin bool) (operationView, error) {
 	var err error
 	v := operationView{Operation: op, Truths: map[string]truthNow{}}
-	if v.Timeline, err = app.engine.Timeline(ctx, op.ID); err != nil {
+	if v.Timeline, err = readmodel.Timeline(ctx, app.pool, op.ID); err != nil {
 		return operationView{}, err
 	}
-	if v.Calls, err = app.engine.Calls(ctx, op.ID); err != nil {
+	if v.Calls, err = readmodel.Calls(ctx, app.pool, op.ID); err != nil {
 		return operationView{}, err
 	}
 	if v.Calls == nil {
@@ -78,7 +79,7 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 			continue
 		}
 		t := truthNow{System: *s.System, Key: s.Key}
-		if truth, err := app.engine.Truth(askCtx, op, s.Name); err != nil {
+		if truth, err := readmodel.Truth(askCtx, app.engine, op, s.Name); err != nil {
 			t.Error = err.Error()
 		} else {
 			t.Truth = string(truth)

@@ -15,12 +15,14 @@ import (
 
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/reconciliation"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
 // The reconciliation desk (docs/reconciliation.md): the operations waiting
-// for a person, their evidence and advice (workflow.Advise), "ask again",
+// for a person, their evidence and advice (reconciliation.Advise), "ask again",
 // decisions one at a time or in bulk, and the audit trail. Every handler
 // here is admin-only; the API and the forms are thin renderers of the same
 // engine calls.
@@ -34,20 +36,20 @@ const (
 )
 
 // truthFilters are the values ?truth= accepts, in the order the desk shows them.
-var truthFilters = []string{workflow.TruthUnknown, "COMPLETED", "NOT_STARTED", workflow.TruthNotStartedPending, "RUNNING", "REJECTED"}
+var truthFilters = []string{reconciliation.TruthUnknown, "COMPLETED", "NOT_STARTED", reconciliation.TruthNotStartedPending, "RUNNING", "REJECTED"}
 
 var truthLabels = map[string]string{
-	workflow.TruthUnknown: "no answer", "COMPLETED": "COMPLETED", "NOT_STARTED": "NOT_STARTED, conclusive",
-	workflow.TruthNotStartedPending: "NOT_STARTED, a call may arrive", "RUNNING": "RUNNING", "REJECTED": "REJECTED",
+	reconciliation.TruthUnknown: "no answer", "COMPLETED": "COMPLETED", "NOT_STARTED": "NOT_STARTED, conclusive",
+	reconciliation.TruthNotStartedPending: "NOT_STARTED, a call may arrive", "RUNNING": "RUNNING", "REJECTED": "REJECTED",
 }
 
-var reasonLabels = map[workflow.Reason]string{
-	workflow.ReasonOutOfAttempts: "out of attempts", workflow.ReasonRefused: "refused", workflow.ReasonInconsistent: "inconsistent",
+var reasonLabels = map[reconciliation.Reason]string{
+	reconciliation.ReasonOutOfAttempts: "out of attempts", reconciliation.ReasonRefused: "refused", reconciliation.ReasonInconsistent: "inconsistent",
 }
 
-func (app *App) deskConfig() workflow.DeskConfig {
+func (app *App) deskConfig() reconciliation.Config {
 	b := app.recovery.Settings().Budget()
-	return workflow.DeskConfig{ClockSkew: b.ClockSkew, MaxAttempts: b.MaxAttempts}
+	return reconciliation.Config{ClockSkew: b.ClockSkew, MaxAttempts: b.MaxAttempts}
 }
 
 // deskFilter is ?reason= and ?truth=; each empty or one known value.
@@ -55,7 +57,7 @@ type deskFilter struct{ Reason, Truth string }
 
 func parseDeskFilter(q url.Values) (deskFilter, error) {
 	f := deskFilter{Reason: q.Get("reason"), Truth: q.Get("truth")}
-	if f.Reason != "" && !slices.Contains(workflow.Reasons, workflow.Reason(f.Reason)) {
+	if f.Reason != "" && !slices.Contains(reconciliation.Reasons, reconciliation.Reason(f.Reason)) {
 		return f, invalidParam("reason", "reason must be one of out_of_attempts, refused, inconsistent")
 	}
 	if f.Truth != "" && !slices.Contains(truthFilters, f.Truth) {
@@ -75,7 +77,7 @@ func (f deskFilter) query() string {
 	return q.Encode()
 }
 
-func (f deskFilter) match(it workflow.Item) bool {
+func (f deskFilter) match(it reconciliation.Item) bool {
 	return (f.Reason == "" || string(it.Facts.Reason) == f.Reason) && (f.Truth == "" || it.Truth() == f.Truth)
 }
 
@@ -85,31 +87,31 @@ type desk struct {
 	ByReason map[string]int `json:"by_reason"`
 	ByTruth  map[string]int `json:"by_truth"`
 	Items    []deskItem     `json:"items"`
-	all      []workflow.Item
-	shown    []workflow.Item
+	all      []reconciliation.Item
+	shown    []reconciliation.Item
 }
 
 // deskItem is one item as the API shows it.
 type deskItem struct {
-	OperationID   int64           `json:"operation_id"`
-	Type          string          `json:"operation_type"`
-	PolicyID      int64           `json:"policy_id,omitempty"`
-	BookingID     int64           `json:"booking_id,omitempty"`
-	Step          string          `json:"step"`
-	System        string          `json:"system"`
-	StepKey       string          `json:"step_key"`
-	Reason        string          `json:"reason"`
-	TruthThen     string          `json:"truth_then"`
-	TruthNow      string          `json:"truth_now"`
-	TruthNowAt    *time.Time      `json:"truth_now_at"`
-	ArrivesUntil  *time.Time      `json:"calls_may_arrive_until"`
-	SeenUpdatedAt time.Time       `json:"seen_updated_at"`
-	HandedOverAt  time.Time       `json:"handed_over_at"`
-	Attempts      int             `json:"attempts"`
-	Advice        workflow.Advice `json:"advice"`
+	OperationID   int64                 `json:"operation_id"`
+	Type          string                `json:"operation_type"`
+	PolicyID      int64                 `json:"policy_id,omitempty"`
+	BookingID     int64                 `json:"booking_id,omitempty"`
+	Step          string                `json:"step"`
+	System        string                `json:"system"`
+	StepKey       string                `json:"step_key"`
+	Reason        string                `json:"reason"`
+	TruthThen     string                `json:"truth_then"`
+	TruthNow      string                `json:"truth_now"`
+	TruthNowAt    *time.Time            `json:"truth_now_at"`
+	ArrivesUntil  *time.Time            `json:"calls_may_arrive_until"`
+	SeenUpdatedAt time.Time             `json:"seen_updated_at"`
+	HandedOverAt  time.Time             `json:"handed_over_at"`
+	Attempts      int                   `json:"attempts"`
+	Advice        reconciliation.Advice `json:"advice"`
 }
 
-func toDeskItem(it workflow.Item) deskItem {
+func toDeskItem(it reconciliation.Item) deskItem {
 	d := deskItem{
 		OperationID: it.Operation.ID, Type: it.Operation.Type, PolicyID: it.Operation.PolicyID, BookingID: it.Operation.BookingID,
 		Step: it.Stuck.Name, System: it.Facts.System, StepKey: it.Stuck.Key, Reason: string(it.Facts.Reason),
@@ -117,7 +119,7 @@ func toDeskItem(it workflow.Item) deskItem {
 		HandedOverAt: it.HandedOver, Attempts: it.Operation.Attempts, Advice: it.Advice,
 	}
 	if d.TruthThen == "" {
-		d.TruthThen = workflow.TruthUnknown
+		d.TruthThen = reconciliation.TruthUnknown
 	}
 	if !it.Facts.NowAt.IsZero() {
 		d.TruthNowAt = &it.Facts.NowAt
@@ -129,12 +131,12 @@ func toDeskItem(it workflow.Item) deskItem {
 }
 
 func (app *App) readDesk(ctx context.Context, f deskFilter) (desk, error) {
-	all, err := app.engine.Waiting(ctx, app.deskConfig(), deskLimit)
+	all, err := app.desk.Waiting(ctx, app.deskConfig(), deskLimit)
 	if err != nil {
 		return desk{}, err
 	}
 	d := desk{Total: len(all), ByReason: map[string]int{}, ByTruth: map[string]int{}, Items: []deskItem{}, all: all}
-	for _, r := range workflow.Reasons {
+	for _, r := range reconciliation.Reasons {
 		d.ByReason[string(r)] = 0
 	}
 	for _, t := range truthFilters {
@@ -190,13 +192,13 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	decided, err := app.engine.Decisions(ctx, 0, decisionsShow)
+	decided, err := app.desk.Decisions(ctx, 0, decisionsShow)
 	if err != nil {
 		return err
 	}
 	v := views.DeskView{Total: d.Total, Reason: f.Reason, Truth: f.Truth, Query: f.query(), NoteMax: maxTextLength,
 		Notice: deskNotice(c.QueryParams())}
-	for _, r := range workflow.Reasons {
+	for _, r := range reconciliation.Reasons {
 		g := deskFilter{Reason: string(r), Truth: f.Truth}
 		if f.Reason == string(r) {
 			g.Reason = ""
@@ -283,7 +285,7 @@ func deskNotice(q url.Values) string {
 		return s + " Each decision is on its operation's timeline and in the list below."
 	}
 	if id, err := parseID(q.Get("resolved")); err == nil {
-		if action, ok := workflow.ParseResolution(q.Get("action")); ok {
+		if action, ok := reconciliation.ParseResolution(q.Get("action")); ok {
 			return fmt.Sprintf("Operation #%d: decision recorded (%s). It is on the operation's timeline.", id, action)
 		}
 	}
@@ -291,7 +293,7 @@ func deskNotice(q url.Values) string {
 }
 
 // deskCard is an item as its card shows it.
-func deskCard(it workflow.Item) views.DeskItem {
+func deskCard(it reconciliation.Item) views.DeskItem {
 	op := it.Operation
 	card := views.DeskItem{
 		ID: op.ID, PolicyNumber: op.Subject(), Step: it.Stuck.Name, System: it.Facts.System, StepKey: it.Stuck.Key,
@@ -303,7 +305,7 @@ func deskCard(it workflow.Item) views.DeskItem {
 	for _, ch := range it.Advice.Actions {
 		a := views.DeskAction{Action: ch.Action, Label: ch.Label, Enabled: ch.Enabled, Disabled: ch.Disabled,
 			Primary: ch.Action == it.Advice.Suggested}
-		if ch.Action != workflow.ActionAskAgain {
+		if ch.Action != reconciliation.ActionAskAgain {
 			a.Key = newFormKey()
 		}
 		card.Actions = append(card.Actions, a)
@@ -311,14 +313,14 @@ func deskCard(it workflow.Item) views.DeskItem {
 	return card
 }
 
-func decisionRow(d workflow.Decision) views.DecisionRow {
+func decisionRow(d reconciliation.Decision) views.DecisionRow {
 	return views.DecisionRow{At: d.At.UTC().Format("15:04:05 MST"), OperationID: d.OperationID, DecidedBy: d.DecidedBy,
 		Decision: d.Decision, TruthSeen: d.TruthSeen, Suggested: d.Suggested, BatchSize: d.BatchSize, Note: d.Note}
 }
 
 // handleReconcileBadge: GET /reconciliation/badge (admin) — the nav's count.
 func (app *App) handleReconcileBadge(c echo.Context) error {
-	n, err := app.engine.CountWaiting(c.Request().Context())
+	n, err := app.desk.CountWaiting(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -327,13 +329,13 @@ func (app *App) handleReconcileBadge(c echo.Context) error {
 
 // evidence is GET /api/v1/reconciliation/{id}: one operation's evidence.
 type evidence struct {
-	Waiting   bool                  `json:"waiting"`
-	Item      *deskItem             `json:"item,omitempty"`
-	Operation workflow.Operation    `json:"operation"`
-	Calls     []workflow.CallRecord `json:"calls"`
-	Ledger    *ledgerLine           `json:"ledger"`
-	Timeline  []workflow.Event      `json:"timeline"`
-	Decisions []workflow.Decision   `json:"decisions"`
+	Waiting   bool                      `json:"waiting"`
+	Item      *deskItem                 `json:"item,omitempty"`
+	Operation workflow.Operation        `json:"operation"`
+	Calls     []workflow.CallRecord     `json:"calls"`
+	Ledger    *ledgerLine               `json:"ledger"`
+	Timeline  []workflow.Event          `json:"timeline"`
+	Decisions []reconciliation.Decision `json:"decisions"`
 }
 
 // ledgerLine is the stuck step's system's own ledger for the operation's
@@ -399,22 +401,22 @@ func (app *App) readEvidence(ctx context.Context, id int64) (evidence, error) {
 		return evidence{}, err
 	}
 	ev := evidence{Operation: op}
-	item, err := app.engine.WaitingItem(ctx, app.deskConfig(), id)
+	item, err := app.desk.WaitingItem(ctx, app.deskConfig(), id)
 	switch {
 	case err == nil:
 		d := toDeskItem(item)
 		ev.Waiting, ev.Item = true, &d
 		ev.Ledger = app.ledger(ctx, item.Facts.System, op.PolicyID)
-	case !errors.Is(err, workflow.ErrNotWaiting):
+	case !errors.Is(err, reconciliation.ErrNotWaiting):
 		return evidence{}, err
 	}
-	if ev.Calls, err = app.engine.Calls(ctx, id); err != nil {
+	if ev.Calls, err = readmodel.Calls(ctx, app.pool, id); err != nil {
 		return evidence{}, err
 	}
-	if ev.Timeline, err = app.engine.Timeline(ctx, id); err != nil {
+	if ev.Timeline, err = readmodel.Timeline(ctx, app.pool, id); err != nil {
 		return evidence{}, err
 	}
-	if ev.Decisions, err = app.engine.Decisions(ctx, id, 100); err != nil {
+	if ev.Decisions, err = app.desk.Decisions(ctx, id, 100); err != nil {
 		return evidence{}, err
 	}
 	return ev, nil
@@ -448,8 +450,8 @@ func (app *App) handleEvidencePage(c echo.Context) error {
 	v := views.EvidenceView{Waiting: ev.Waiting, Status: ev.Operation.Status, NoteMax: maxTextLength, Ledger: ev.Ledger.String()}
 	v.Item.ID = id
 	if ev.Waiting {
-		item, err := app.engine.WaitingItem(ctx, app.deskConfig(), id)
-		if err != nil && !errors.Is(err, workflow.ErrNotWaiting) {
+		item, err := app.desk.WaitingItem(ctx, app.deskConfig(), id)
+		if err != nil && !errors.Is(err, reconciliation.ErrNotWaiting) {
 			return err
 		}
 		v.Item = deskCard(item)
@@ -502,12 +504,12 @@ func (app *App) handleDecisionsAPI(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	list, err := app.engine.Decisions(c.Request().Context(), opID, lp.Limit)
+	list, err := app.desk.Decisions(c.Request().Context(), opID, lp.Limit)
 	if err != nil {
 		return err
 	}
 	if list == nil {
-		list = []workflow.Decision{}
+		list = []reconciliation.Decision{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"decisions": list})
 }
@@ -533,7 +535,7 @@ func (app *App) handleAskAPI(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	asked, answered, err := app.engine.AskAgain(c.Request().Context(), ids, app.personActor(c), askTimeout)
+	asked, answered, err := app.desk.AskAgain(c.Request().Context(), ids, app.personActor(c), askTimeout)
 	if err != nil {
 		return err
 	}
@@ -576,7 +578,7 @@ func (app *App) handleAskForm(c echo.Context) error {
 	if len(ids) == 0 {
 		return invalidParam("id", "name at least one operation to ask about")
 	}
-	asked, answered, err := app.engine.AskAgain(c.Request().Context(), ids, app.personActor(c), askTimeout)
+	asked, answered, err := app.desk.AskAgain(c.Request().Context(), ids, app.personActor(c), askTimeout)
 	if err != nil {
 		return err
 	}
@@ -667,7 +669,7 @@ func (app *App) resolve(c echo.Context, in resolveBody, answer answerer[workflow
 		return err
 	}
 	return respond(c, answer, func(hooks workflow.Hooks[workflow.Operation]) error {
-		_, err := app.engine.Resolve(c.Request().Context(), req, hooks)
+		_, err := app.desk.Resolve(c.Request().Context(), req, hooks)
 		return err
 	})
 }
@@ -675,26 +677,26 @@ func (app *App) resolve(c echo.Context, in resolveBody, answer answerer[workflow
 // resolveRequest checks one decision's fields; field names the prefix of
 // the field in the caller's body ("" for the single decision, "decisions[3]."
 // in a batch).
-func (app *App) resolveRequest(c echo.Context, id int64, action string, seen time.Time, truthSeen, note string, field ...string) (workflow.ResolveRequest, error) {
+func (app *App) resolveRequest(c echo.Context, id int64, action string, seen time.Time, truthSeen, note string, field ...string) (reconciliation.ResolveRequest, error) {
 	prefix := strings.Join(field, "")
-	res, ok := workflow.ParseResolution(action)
+	res, ok := reconciliation.ParseResolution(action)
 	if !ok {
-		return workflow.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
+		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
 			"action must be mark_done (or mark_cancelled), retry or mark_failed").With("field", prefix+"action")
 	}
 	if seen.IsZero() {
-		return workflow.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
+		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
 			"seen_updated_at must be the operation's updated_at as you saw it").With("field", prefix+"seen_updated_at")
 	}
 	if truthSeen != "" && !slices.Contains(truthFilters, truthSeen) {
-		return workflow.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid truth_seen",
+		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid truth_seen",
 			"truth_seen must be one of "+strings.Join(truthFilters, ", ")).With("field", prefix+"truth_seen")
 	}
 	if err := validText("note", note, maxTextLength); err != nil {
-		return workflow.ResolveRequest{}, err
+		return reconciliation.ResolveRequest{}, err
 	}
 	u, _ := userFrom(c)
-	return workflow.ResolveRequest{
+	return reconciliation.ResolveRequest{
 		OperationID: id, Resolution: res, SeenUpdatedAt: seen, Note: note, TruthSeen: truthSeen,
 		Actor: u.Name + " (admin, " + app.actor(c) + ")", DecidedBy: u.Name, Desk: app.deskConfig(),
 	}, nil
@@ -716,22 +718,22 @@ type decisionBody struct {
 
 // batchAnswer is what a batch of decisions answers.
 type batchAnswer struct {
-	Decided  int                `json:"decided"`
-	Changed  int                `json:"state_changed"`
-	Refused  int                `json:"not_allowed"`
-	NotFound int                `json:"not_found"`
-	Results  []workflow.Decided `json:"results"`
+	Decided  int                      `json:"decided"`
+	Changed  int                      `json:"state_changed"`
+	Refused  int                      `json:"not_allowed"`
+	NotFound int                      `json:"not_found"`
+	Results  []reconciliation.Decided `json:"results"`
 }
 
-func countBatch(results []workflow.Decided) batchAnswer {
+func countBatch(results []reconciliation.Decided) batchAnswer {
 	a := batchAnswer{Results: results}
 	for _, r := range results {
 		switch r.Outcome {
-		case workflow.OutcomeDecided:
+		case reconciliation.OutcomeDecided:
 			a.Decided++
-		case workflow.OutcomeStateChanged:
+		case reconciliation.OutcomeStateChanged:
 			a.Changed++
-		case workflow.OutcomeNotAllowed:
+		case reconciliation.OutcomeNotAllowed:
 			a.Refused++
 		default:
 			a.NotFound++
@@ -756,7 +758,7 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 	if err := validText("note", in.Note, maxTextLength); err != nil {
 		return err
 	}
-	reqs := make([]workflow.ResolveRequest, len(in.Decisions))
+	reqs := make([]reconciliation.ResolveRequest, len(in.Decisions))
 	for i, d := range in.Decisions {
 		prefix := fmt.Sprintf("decisions[%d].", i)
 		if d.OperationID <= 0 {
@@ -773,7 +775,7 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 		req.OnlyIfSuggested = true
 		reqs[i] = req
 	}
-	return app.decideMany(c, reqs, func(c echo.Context, results []workflow.Decided, _ error) (idempotency.Response, error) {
+	return app.decideMany(c, reqs, func(c echo.Context, results []reconciliation.Decided, _ error) (idempotency.Response, error) {
 		return idempotency.JSONResponse(http.StatusOK, countBatch(results))
 	})
 }
@@ -800,7 +802,7 @@ func (app *App) handleDecideForm(c echo.Context) error {
 			fmt.Sprintf("a bulk decision names from 1 to %d items", maxBatch)).With("field", "item")
 	}
 	note := c.FormValue("note")
-	reqs := make([]workflow.ResolveRequest, 0, len(items))
+	reqs := make([]reconciliation.ResolveRequest, 0, len(items))
 	for _, it := range items {
 		parts := strings.Split(it, "|")
 		var id int64
@@ -822,7 +824,7 @@ func (app *App) handleDecideForm(c echo.Context) error {
 		req.OnlyIfSuggested = true
 		reqs = append(reqs, req)
 	}
-	return app.decideMany(c, reqs, func(c echo.Context, results []workflow.Decided, _ error) (idempotency.Response, error) {
+	return app.decideMany(c, reqs, func(c echo.Context, results []reconciliation.Decided, _ error) (idempotency.Response, error) {
 		a := countBatch(results)
 		return redirectAnswer(deskURL(c.FormValue("return"), url.Values{
 			"decided": {strconv.Itoa(a.Decided)}, "changed": {strconv.Itoa(a.Changed)},
@@ -831,9 +833,9 @@ func (app *App) handleDecideForm(c echo.Context) error {
 }
 
 // decideMany is the one call both bulk handlers make.
-func (app *App) decideMany(c echo.Context, reqs []workflow.ResolveRequest, answer answerer[[]workflow.Decided]) error {
-	return respond(c, answer, func(hooks workflow.Hooks[[]workflow.Decided]) error {
-		_, err := app.engine.ResolveMany(c.Request().Context(), reqs, hooks)
+func (app *App) decideMany(c echo.Context, reqs []reconciliation.ResolveRequest, answer answerer[[]reconciliation.Decided]) error {
+	return respond(c, answer, func(hooks workflow.Hooks[[]reconciliation.Decided]) error {
+		_, err := app.desk.ResolveMany(c.Request().Context(), reqs, hooks)
 		return err
 	})
 }

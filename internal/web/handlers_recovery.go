@@ -7,18 +7,19 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
 
 // recoverySnapshot is GET /api/v1/recovery and what the recovery page shows.
 type recoverySnapshot struct {
-	Instance string                   `json:"instance"`
-	Settings recoverySettings         `json:"settings"`
-	Counts   map[string]int           `json:"counts"`
-	Live     []workflow.LiveOperation `json:"live"`
-	Recent   []workflow.RecoveryEvent `json:"recent"`
-	Beliefs  []workflow.Belief        `json:"systems"`
+	Instance string                    `json:"instance"`
+	Settings recoverySettings          `json:"settings"`
+	Counts   map[string]int            `json:"counts"`
+	Live     []readmodel.LiveOperation `json:"live"`
+	Recent   []readmodel.RecoveryEvent `json:"recent"`
+	Beliefs  []workflow.Belief         `json:"systems"`
 }
 
 type recoverySettings struct {
@@ -36,15 +37,15 @@ type recoverySettings struct {
 // recoverySnapshot is for everyone signed in; a customer reads it with
 // summaries in place of error texts (redact.go).
 func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnapshot, error) {
-	counts, err := app.engine.CountByStatus(ctx)
+	counts, err := readmodel.CountByStatus(ctx, app.pool)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
-	live, err := app.engine.ListLive(ctx, 50)
+	live, err := readmodel.ListLive(ctx, app.pool, app.engine, 50)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
-	recent, err := app.engine.RecentRecoveryEvents(ctx, 30)
+	recent, err := readmodel.RecentRecoveryEvents(ctx, app.pool, 30)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/reconciliation"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/users"
@@ -126,6 +127,7 @@ type App struct {
 	idempotency *idempotency.Store
 	canceller   *policies.Canceller
 	engine      *workflow.Engine
+	desk        *reconciliation.Desk
 	crash       *crash.Switch
 	recovery    *recovery.Loop
 
@@ -175,6 +177,7 @@ func New(cfg Config, d Deps) *App {
 		idempotency: d.Idempotency,
 		canceller:   d.Canceller,
 		engine:      d.Engine,
+		desk:        reconciliation.New(d.Pool, d.Engine),
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}

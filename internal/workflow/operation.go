@@ -104,6 +104,15 @@ func (op Operation) Step(name string) (StepRecord, bool) {
 	return StepRecord{}, false
 }
 
+// Stuck is the first step not DONE: the one a person decides about when
+// the operation waits for them (false when every step is done).
+func (op Operation) Stuck() (StepRecord, bool) {
+	if i := op.current(); i < len(op.Steps) {
+		return op.Steps[i], true
+	}
+	return StepRecord{}, false
+}
+
 // current is the index of the first step not DONE (len(Steps) when all are).
 func (op Operation) current() int {
 	for i, s := range op.Steps {

@@ -29,7 +29,7 @@ const (
 	BranchBackoff        = "backoff"           // the attempt learned nothing: try again later
 	BranchReconciliation = "reconciliation"    // a person decides
 	BranchReasked        = "reasked"           // waiting for a person, asked again: the truth is known now
-	BranchResolved       = "resolved_by_admin" // a person decided (reconcile.go)
+	BranchResolved       = "resolved_by_admin" // a person decided (decide.go)
 )
 
 // Recover is the recovery loop's Recoverer for every registered workflow.

@@ -1,4 +1,4 @@
-package workflow
+package reconciliation
 
 import (
 	"context"
@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // This file is the reconciliation desk's reading and asking: each
@@ -18,18 +20,31 @@ import (
 // from, and "ask again" — a status query a person asks for, recorded like
 // recovery's own and deciding nothing.
 
+// Desk is the reconciliation desk: the operations recovery handed to a
+// person (NEEDS_RECONCILIATION), their evidence and advice, and the
+// person's decisions, which the engine writes (workflow.Engine.Decide).
+type Desk struct {
+	pool   *pgxpool.Pool
+	engine *workflow.Engine
+}
+
+// New returns the desk over the engine's operations.
+func New(pool *pgxpool.Pool, engine *workflow.Engine) *Desk {
+	return &Desk{pool: pool, engine: engine}
+}
+
 // Item is one operation waiting for a person, with its evidence.
 type Item struct {
-	Operation  Operation    `json:"operation"`
-	Stuck      StepRecord   `json:"stuck_step"`
-	HandedOver time.Time    `json:"handed_over_at"`
-	Facts      Facts        `json:"-"`
-	Advice     Advice       `json:"advice"`
-	Calls      []CallRecord `json:"calls"` // every exchange for the stuck step, oldest first
+	Operation  workflow.Operation    `json:"operation"`
+	Stuck      workflow.StepRecord   `json:"stuck_step"`
+	HandedOver time.Time             `json:"handed_over_at"`
+	Facts      Facts                 `json:"-"`
+	Advice     Advice                `json:"advice"`
+	Calls      []workflow.CallRecord `json:"calls"` // every exchange for the stuck step, oldest first
 	// ThenCall and NowCall are the status answers Facts.Then and Facts.Now
 	// come from (nil: none).
-	ThenCall *CallRecord `json:"then_call"`
-	NowCall  *CallRecord `json:"now_call"`
+	ThenCall *workflow.CallRecord `json:"then_call"`
+	NowCall  *workflow.CallRecord `json:"now_call"`
 }
 
 // Truth is the card's truth now in one word: a system's answer, or UNKNOWN;
@@ -48,32 +63,32 @@ func (it Item) Truth() string {
 // deadline (plus the margin) had passed: not conclusive yet.
 const TruthNotStartedPending = "NOT_STARTED_PENDING"
 
-// DeskConfig is what the desk's facts need from recovery's settings.
-type DeskConfig struct {
+// Config is what the desk's facts need from recovery's settings.
+type Config struct {
 	ClockSkew   time.Duration // the margin on every deadline
 	MaxAttempts int           // for the reason's sentence
 }
 
 // Waiting returns up to limit operations waiting for a person, longest
 // waiting first, each with its evidence and advice.
-func (e *Engine) Waiting(ctx context.Context, cfg DeskConfig, limit int) ([]Item, error) {
-	ops, err := e.ListByStatus(ctx, StatusNeedsReconciliation, limit)
+func (d *Desk) Waiting(ctx context.Context, cfg Config, limit int) ([]Item, error) {
+	ops, err := d.engine.ListByStatus(ctx, workflow.StatusNeedsReconciliation, limit)
 	if err != nil {
 		return nil, err
 	}
-	return e.items(ctx, e.pool, cfg, ops)
+	return d.items(ctx, d.pool, cfg, ops)
 }
 
 // WaitingItem returns operation id with its evidence, if it waits for a person.
-func (e *Engine) WaitingItem(ctx context.Context, cfg DeskConfig, id int64) (Item, error) {
-	op, err := e.operation(ctx, e.pool, id)
+func (d *Desk) WaitingItem(ctx context.Context, cfg Config, id int64) (Item, error) {
+	op, err := d.engine.GetOperation(ctx, id, 0, true)
 	if err != nil {
 		return Item{}, err
 	}
-	if op.Status != StatusNeedsReconciliation {
+	if op.Status != workflow.StatusNeedsReconciliation {
 		return Item{}, ErrNotWaiting
 	}
-	items, err := e.items(ctx, e.pool, cfg, []Operation{op})
+	items, err := d.items(ctx, d.pool, cfg, []workflow.Operation{op})
 	if err != nil {
 		return Item{}, err
 	}
@@ -81,21 +96,21 @@ func (e *Engine) WaitingItem(ctx context.Context, cfg DeskConfig, id int64) (Ite
 }
 
 // CountWaiting is how many operations wait for a person (the nav badge).
-func (e *Engine) CountWaiting(ctx context.Context) (int, error) {
+func (d *Desk) CountWaiting(ctx context.Context) (int, error) {
 	var n int
-	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'NEEDS_RECONCILIATION'`).Scan(&n)
+	err := d.pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE status = 'NEEDS_RECONCILIATION'`).Scan(&n)
 	if err != nil {
-		return 0, fmt.Errorf("workflow: count waiting: %w", err)
+		return 0, fmt.Errorf("reconciliation: count waiting: %w", err)
 	}
 	return n, nil
 }
 
 // ErrNotWaiting: the operation does not wait for a person (any more).
-var ErrNotWaiting = fmt.Errorf("%w: it does not wait for a person", ErrStateChanged)
+var ErrNotWaiting = fmt.Errorf("%w: it does not wait for a person", workflow.ErrStateChanged)
 
 // items reads the evidence of ops (in db: the pool, or a decision's
 // transaction) in four queries whatever their number.
-func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, ops []Operation) ([]Item, error) {
+func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []workflow.Operation) ([]Item, error) {
 	if len(ops) == 0 {
 		return []Item{}, nil
 	}
@@ -105,10 +120,10 @@ func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, op
 	for i, op := range ops {
 		items[i].Operation = op
 		ids[i] = op.ID
-		if j := op.current(); j < len(op.Steps) {
-			items[i].Stuck = op.Steps[j]
-			keys = append(keys, op.Steps[j].Key)
-			byKey[op.Steps[j].Key] = &items[i]
+		if stuck, ok := op.Stuck(); ok {
+			items[i].Stuck = stuck
+			keys = append(keys, stuck.Key)
+			byKey[stuck.Key] = &items[i]
 		}
 	}
 	// When each was handed to a person: its latest move to NEEDS_RECONCILIATION.
@@ -119,13 +134,13 @@ func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, op
 		   AND to_status = 'NEEDS_RECONCILIATION'
 		 GROUP BY operation_id`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: hand-over times: %w", err)
+		return nil, fmt.Errorf("reconciliation: hand-over times: %w", err)
 	}
 	handed := map[int64]time.Time{}
 	var id int64
 	var at time.Time
 	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { handed[id] = at; return nil }); err != nil {
-		return nil, fmt.Errorf("workflow: hand-over times: %w", err)
+		return nil, fmt.Errorf("reconciliation: hand-over times: %w", err)
 	}
 	// Every exchange for the stuck steps.
 	rows, err = db.Query(ctx, `
@@ -135,18 +150,18 @@ func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, op
 		 WHERE step_key = ANY($1)
 		 ORDER BY id`, keys)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: calls: %w", err)
+		return nil, fmt.Errorf("reconciliation: calls: %w", err)
 	}
-	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallRecord])
+	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.CallRecord])
 	if err != nil {
-		return nil, fmt.Errorf("workflow: calls: %w", err)
+		return nil, fmt.Errorf("reconciliation: calls: %w", err)
 	}
 	for _, c := range calls {
 		if it := byKey[c.StepKey]; it != nil {
 			it.Calls = append(it.Calls, c)
 		}
 	}
-	beliefs, err := Beliefs(ctx, db)
+	beliefs, err := workflow.Beliefs(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -158,31 +173,32 @@ func (e *Engine) items(ctx context.Context, db database.DBTX, cfg DeskConfig, op
 		it := &items[i]
 		it.HandedOver = handed[it.Operation.ID]
 		if it.Calls == nil {
-			it.Calls = []CallRecord{}
+			it.Calls = []workflow.CallRecord{}
 		}
-		it.Facts = e.facts(cfg, it, idempotent)
+		it.Facts = d.facts(cfg, it, idempotent)
 		it.Advice = Advise(it.Facts)
 	}
 	return items, nil
 }
 
 // facts reads an item's evidence the way Advise needs it.
-func (e *Engine) facts(cfg DeskConfig, it *Item, idempotent map[string]bool) Facts {
+func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 	s := it.Stuck
-	f := Facts{Step: s.Name, System: deref(s.System), Idempotent: idempotent[deref(s.System)],
-		Attempts: it.Operation.Attempts, MaxAttempts: cfg.MaxAttempts}
+	f := Facts{Step: s.Name, Attempts: it.Operation.Attempts, MaxAttempts: cfg.MaxAttempts}
+	if s.System != nil {
+		f.System = *s.System
+		f.Idempotent = idempotent[f.System]
+	}
 	switch {
-	case s.State == StepFailed:
+	case s.State == workflow.StepFailed:
 		f.Reason = ReasonRefused
-	case s.External() && (s.State == StepSent || s.State == StepUnknown):
+	case s.External() && (s.State == workflow.StepSent || s.State == workflow.StepUnknown):
 		f.Reason = ReasonOutOfAttempts
 	default:
 		f.Reason = ReasonInconsistent
 	}
-	if def, ok := e.defs[it.Operation.Type]; ok {
-		if st, ok := def.step(s.Name); ok {
-			f.CanFail = st.Refused == FailOperation
-		}
+	if st, ok := d.engine.Step(it.Operation.Type, s.Name); ok {
+		f.CanFail = st.Refused == workflow.FailOperation
 	}
 	// A call may arrive until the latest deadline any attempt carried.
 	latest := s.DeadlineAt
@@ -221,13 +237,13 @@ func (e *Engine) facts(cfg DeskConfig, it *Item, idempotent map[string]bool) Fac
 // desk advises from the new answers. Operations no longer waiting for a
 // person, or stuck at a step that calls nothing, are skipped. It returns
 // how many were asked and how many answered.
-func (e *Engine) AskAgain(ctx context.Context, ids []int64, actor string, timeout time.Duration) (asked, answered int, err error) {
-	ops, err := e.waitingOps(ctx, ids)
+func (d *Desk) AskAgain(ctx context.Context, ids []int64, actor string, timeout time.Duration) (asked, answered int, err error) {
+	ops, err := d.engine.Operations(ctx, ids)
 	if err != nil {
 		return 0, 0, err
 	}
 	type answer struct {
-		op    Operation
+		op    workflow.Operation
 		key   string
 		sys   string
 		truth external.Truth
@@ -241,21 +257,20 @@ func (e *Engine) AskAgain(ctx context.Context, ids []int64, actor string, timeou
 		slots   = make(chan struct{}, 16) // a desk of hundreds asks 16 at a time
 	)
 	for _, op := range ops {
-		i := op.current()
-		if i == len(op.Steps) || !op.Steps[i].External() {
+		if op.Status != workflow.StatusNeedsReconciliation {
 			continue
 		}
-		def, ok := e.defs[op.Type]
-		if !ok {
+		stuck, ok := op.Stuck()
+		if !ok || !stuck.External() {
 			continue
 		}
-		st, ok := def.step(op.Steps[i].Name)
+		st, ok := d.engine.Step(op.Type, stuck.Name)
 		if !ok || st.Call == nil {
 			continue
 		}
 		wg.Add(1)
 		slots <- struct{}{}
-		go func(op Operation, rec StepRecord, call Caller) {
+		go func(op workflow.Operation, rec workflow.StepRecord, call workflow.Caller) {
 			defer func() { <-slots; wg.Done() }()
 			askCtx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -264,7 +279,7 @@ func (e *Engine) AskAgain(ctx context.Context, ids []int64, actor string, timeou
 			mu.Lock()
 			answers = append(answers, answer{op: op, key: rec.Key, sys: *rec.System, truth: truth, err: err, took: time.Since(start)})
 			mu.Unlock()
-		}(op, op.Steps[i], st.Call)
+		}(op, stuck, st.Call)
 	}
 	wg.Wait()
 	if len(answers) == 0 {
@@ -279,38 +294,23 @@ func (e *Engine) AskAgain(ctx context.Context, ids []int64, actor string, timeou
 		if a.err != nil {
 			details[i] = a.err.Error()
 		} else {
-			truths[i] = nullTruth(a.truth)
+			if a.truth != "" {
+				truth := string(a.truth)
+				truths[i] = &truth
+			}
 			answered++
 		}
 	}
-	_, err = e.pool.Exec(ctx, `
+	_, err = d.pool.Exec(ctx, `
 		INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, truth, detail, took_ms)
 		SELECT operation_id, step_key, 'status', system, $5, truth, detail, took_ms
 		  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $6::text[], $7::bigint[])
 		       AS a(operation_id, step_key, system, truth, detail, took_ms)`,
 		opIDs, keys, systems, truths, actor, details, took)
 	if err != nil {
-		return 0, 0, fmt.Errorf("workflow: record the answers: %w", err)
+		return 0, 0, fmt.Errorf("reconciliation: record the answers: %w", err)
 	}
 	return n, answered, nil
-}
-
-// waitingOps reads those of ids that wait for a person, with their steps.
-func (e *Engine) waitingOps(ctx context.Context, ids []int64) ([]Operation, error) {
-	rows, err := e.pool.Query(ctx, `
-		SELECT `+opColumns+`
-		  FROM operations
-		 WHERE id = ANY($1)
-		   AND status = 'NEEDS_RECONCILIATION'
-		 ORDER BY id`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: waiting operations: %w", err)
-	}
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
-	if err != nil {
-		return nil, fmt.Errorf("workflow: waiting operations: %w", err)
-	}
-	return ops, withSteps(ctx, e.pool, pointers(ops))
 }
 
 // Decision is one line of the desk's audit trail.
@@ -333,8 +333,8 @@ type Decision struct {
 
 // Decisions returns the newest decisions, of one operation when
 // operationID > 0.
-func (e *Engine) Decisions(ctx context.Context, operationID int64, limit int) ([]Decision, error) {
-	rows, err := e.pool.Query(ctx, `
+func (d *Desk) Decisions(ctx context.Context, operationID int64, limit int) ([]Decision, error) {
+	rows, err := d.pool.Query(ctx, `
 		SELECT id, operation_id, step_key, at, decided_by, actor, decision, seen_updated_at, truth_seen,
 		       truth_call_id, truth_at_decision, suggested, batch_size, note
 		  FROM reconciliation_decisions
@@ -342,11 +342,11 @@ func (e *Engine) Decisions(ctx context.Context, operationID int64, limit int) ([
 		 ORDER BY at DESC, id DESC
 		 LIMIT $2`, operationID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: decisions: %w", err)
+		return nil, fmt.Errorf("reconciliation: decisions: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Decision])
 	if err != nil {
-		return nil, fmt.Errorf("workflow: decisions: %w", err)
+		return nil, fmt.Errorf("reconciliation: decisions: %w", err)
 	}
 	return out, nil
 }

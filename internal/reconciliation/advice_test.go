@@ -1,4 +1,4 @@
-package workflow
+package reconciliation
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // nowCase is one way the latest status query can have gone.
@@ -116,7 +117,7 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 			fail("action %s enabled=%t with reason %q", c.Action, c.Enabled, c.Disabled)
 		}
 	}
-	for _, want := range []string{ActionAskAgain, string(ResolveDone), string(ResolveRetry), string(ResolveFailed)} {
+	for _, want := range []string{ActionAskAgain, string(workflow.ResolveDone), string(workflow.ResolveRetry), string(workflow.ResolveFailed)} {
 		if !seen[want] {
 			fail("no %s button", want)
 		}
@@ -137,13 +138,13 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	want := ""
 	switch {
 	case f.Now == external.TruthCompleted:
-		want = string(ResolveDone)
+		want = string(workflow.ResolveDone)
 	case refused:
 		want = ""
 	case f.NotStartedConclusive():
-		want = string(ResolveRetry)
+		want = string(workflow.ResolveRetry)
 	case f.Now == external.TruthRejected && f.CanFail:
-		want = string(ResolveFailed)
+		want = string(workflow.ResolveFailed)
 	case f.Now == external.TruthRejected:
 		want = ""
 	default: // unknown, RUNNING, NOT_STARTED while a call may arrive
@@ -152,7 +153,7 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	if a.Suggested != want {
 		fail("suggests %q, want %q", a.Suggested, want)
 	}
-	if a.Unambiguous != (want == string(ResolveDone) || want == string(ResolveRetry) || want == string(ResolveFailed)) {
+	if a.Unambiguous != (want == string(workflow.ResolveDone) || want == string(workflow.ResolveRetry) || want == string(workflow.ResolveFailed)) {
 		fail("unambiguous=%t with suggestion %q", a.Unambiguous, a.Suggested)
 	}
 	// The suggestion's sentence speaks of the truth it follows.
@@ -163,9 +164,9 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 		fail("suggestion %q says unknown of %s", a.Suggestion, f.Now)
 	}
 	// What the truth now rules out is disabled.
-	done, _ := a.Action(string(ResolveDone))
-	retry, _ := a.Action(string(ResolveRetry))
-	failed, _ := a.Action(string(ResolveFailed))
+	done, _ := a.Action(string(workflow.ResolveDone))
+	retry, _ := a.Action(string(workflow.ResolveRetry))
+	failed, _ := a.Action(string(workflow.ResolveFailed))
 	if (f.Now == external.TruthNotStarted || f.Now == external.TruthRunning) && done.Enabled {
 		fail("mark done enabled while the system says %s", f.Now)
 	}
@@ -198,7 +199,7 @@ func TestAdviseNotStartedNeedsEveryDeadlinePassed(t *testing.T) {
 		t.Errorf("a millisecond before the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
 	}
 	f.ArrivesUntil = at
-	if a := Advise(f); a.Suggested != string(ResolveRetry) || !a.Unambiguous {
+	if a := Advise(f); a.Suggested != string(workflow.ResolveRetry) || !a.Unambiguous {
 		t.Errorf("at the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
 	}
 }

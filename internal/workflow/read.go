@@ -10,11 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/database"
-	"github.com/idemlab/idemlab/internal/external"
 )
 
-// This file is what the operation, recovery and reconciliation pages read.
-// Nothing here writes.
+// This file reads operations back: one with its steps, the operations of a
+// policy or a booking, those in a status. The pages' own reads of the
+// timeline and the call log are internal/web/readmodel's; the desk's are
+// internal/reconciliation's. Nothing here writes.
 
 // Event is one line of an operation's append-only timeline.
 type Event struct {
@@ -132,42 +133,6 @@ func (e *Engine) OperationOf(ctx context.Context, typ string, policyID int64) (O
 	return e.operation(ctx, e.pool, id)
 }
 
-// Timeline returns the operation's events, oldest first.
-func (e *Engine) Timeline(ctx context.Context, operationID int64) ([]Event, error) {
-	rows, err := e.pool.Query(ctx, `
-		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch, step,
-		       writer, bound
-		  FROM operation_events
-		 WHERE operation_id = $1
-		 ORDER BY id`, operationID)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: timeline: %w", err)
-	}
-	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
-	if err != nil {
-		return nil, fmt.Errorf("workflow: timeline: %w", err)
-	}
-	return events, nil
-}
-
-// Calls returns the operation's exchanges with other systems, oldest first.
-func (e *Engine) Calls(ctx context.Context, operationID int64) ([]CallRecord, error) {
-	rows, err := e.pool.Query(ctx, `
-		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
-		       request, outcome, truth, detail, took_ms
-		  FROM operation_calls
-		 WHERE operation_id = $1
-		 ORDER BY id`, operationID)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: calls: %w", err)
-	}
-	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallRecord])
-	if err != nil {
-		return nil, fmt.Errorf("workflow: calls: %w", err)
-	}
-	return calls, nil
-}
-
 // ListByStatus returns up to limit operations in status, least recently
 // updated first (the longest waiting at the top), with their steps.
 func (e *Engine) ListByStatus(ctx context.Context, status string, limit int) ([]Operation, error) {
@@ -187,120 +152,12 @@ func (e *Engine) ListByStatus(ctx context.Context, status string, limit int) ([]
 	return ops, withSteps(ctx, e.pool, pointers(ops))
 }
 
-// CountByStatus counts operations per status (every status present, zeros included).
-func (e *Engine) CountByStatus(ctx context.Context) (map[string]int, error) {
-	counts := map[string]int{}
-	for _, s := range Statuses {
-		counts[s] = 0
-	}
-	rows, err := e.pool.Query(ctx, `SELECT status, count(*) FROM operations GROUP BY status`)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: count by status: %w", err)
-	}
-	var st string
-	var n int
-	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[st] = n; return nil })
-	if err != nil {
-		return nil, fmt.Errorf("workflow: count by status: %w", err)
-	}
-	return counts, nil
-}
-
-// LiveOperation is an operation someone is (or should be) working on, as
-// the recovery page lists it.
-type LiveOperation struct {
-	Operation
-	// Stale: its lease is over, so recovery may claim it (once Due).
-	Stale bool
-	// Due: no backoff holds it back.
-	Due bool
-}
-
-// ListLive returns the IN_PROGRESS and RECOVERING operations, those whose
-// lease ran out longest ago first, judged on the engine's clock.
-func (e *Engine) ListLive(ctx context.Context, limit int) ([]LiveOperation, error) {
-	rows, err := e.pool.Query(ctx, `
-		SELECT lease_expires_at < `+database.Now(1)+`,
-		       next_attempt_at IS NULL OR next_attempt_at <= `+database.Now(1)+`,
-		       `+opColumns+`
-		  FROM operations
-		 WHERE status IN ('IN_PROGRESS', 'RECOVERING')
-		 ORDER BY lease_expires_at
-		 LIMIT $2`, e.cfg.Clock.Arg(), limit)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: list live: %w", err)
-	}
-	live, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (LiveOperation, error) {
-		var l LiveOperation
-		var err error
-		l.Operation, err = scanOperation(row, &l.Stale, &l.Due)
-		return l, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("workflow: list live: %w", err)
-	}
-	ops := make([]*Operation, len(live))
-	for i := range live {
-		ops[i] = &live[i].Operation
-	}
-	return live, withSteps(ctx, e.pool, ops)
-}
-
-// RecoveryEvent is one recovery step on some operation's timeline, for the
-// recovery page: which branch, by which worker, on what subject.
-type RecoveryEvent struct {
-	Event
-	Type     string
-	PolicyID int64
-}
-
-// RecentRecoveryEvents returns the newest events that carry a branch.
-func (e *Engine) RecentRecoveryEvents(ctx context.Context, limit int) ([]RecoveryEvent, error) {
-	rows, err := e.pool.Query(ctx, `
-		SELECT ev.id, ev.operation_id, ev.at, ev.from_status, ev.to_status, ev.actor, ev.owner_token::text,
-		       ev.detail, ev.statement, ev.branch, ev.step, o.operation_type, coalesce(o.policy_id, 0)
-		  FROM operation_events ev
-		  JOIN operations o ON o.id = ev.operation_id
-		 WHERE ev.branch IS NOT NULL
-		 ORDER BY ev.id DESC
-		 LIMIT $1`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: recent recovery events: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RecoveryEvent, error) {
-		var r RecoveryEvent
-		ev := &r.Event
-		err := row.Scan(&ev.ID, &ev.OperationID, &ev.At, &ev.FromStatus, &ev.ToStatus, &ev.Actor, &ev.OwnerToken,
-			&ev.Detail, &ev.Statement, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
-		return r, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("workflow: recent recovery events: %w", err)
-	}
-	return out, nil
-}
-
 func pointers[T any](s []T) []*T {
 	p := make([]*T, len(s))
 	for i := range s {
 		p[i] = &s[i]
 	}
 	return p
-}
-
-// Truth asks the system behind external step of op for the truth of the
-// step's key, now: what the operation page shows beside what was recorded.
-func (e *Engine) Truth(ctx context.Context, op Operation, step string) (external.Truth, error) {
-	def, ok := e.defs[op.Type]
-	if !ok {
-		return "", fmt.Errorf("workflow: no definition for %q", op.Type)
-	}
-	st, ok := def.step(step)
-	rec, found := op.Step(step)
-	if !ok || !found || st.Call == nil {
-		return "", fmt.Errorf("workflow: %s has no external step %q", op.Type, step)
-	}
-	return st.Call.Status(ctx, rec.Key)
 }
 
 // BookingOperations returns the operations whose subject is bookingID (the
@@ -319,4 +176,31 @@ func (e *Engine) BookingOperations(ctx context.Context, bookingID int64) ([]Oper
 		return nil, fmt.Errorf("workflow: operations of booking %d: %w", bookingID, err)
 	}
 	return ops, withSteps(ctx, e.pool, pointers(ops))
+}
+
+// Operations returns those of ids that exist, in the order of their ids,
+// with their steps.
+func (e *Engine) Operations(ctx context.Context, ids []int64) ([]Operation, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT `+opColumns+`
+		  FROM operations
+		 WHERE id = ANY($1)
+		 ORDER BY id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: operations: %w", err)
+	}
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	if err != nil {
+		return nil, fmt.Errorf("workflow: operations: %w", err)
+	}
+	return ops, withSteps(ctx, e.pool, pointers(ops))
+}
+
+// Step returns the definition of step name of the operations of type typ.
+func (e *Engine) Step(typ, name string) (Step, bool) {
+	def, ok := e.defs[typ]
+	if !ok {
+		return Step{}, false
+	}
+	return def.step(name)
 }

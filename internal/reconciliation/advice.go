@@ -1,4 +1,4 @@
-package workflow
+package reconciliation
 
 import (
 	"fmt"
@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // This file is what the reconciliation desk says about one operation that
 // waits for a person: why it is there, what its system said then and says
 // now, which decision the evidence points to and which it rules out. It is
 // one pure function (Advise) so that every sentence on a card is derived
-// from the same facts and a test can render every combination; the engine
+// from the same facts and a test can render every combination; the desk
 // refuses a decision Advise rules out (Resolve), so the page and the
 // server cannot disagree.
 
@@ -37,14 +38,14 @@ const (
 var Reasons = []Reason{ReasonOutOfAttempts, ReasonRefused, ReasonInconsistent}
 
 // ActionAskAgain asks the step's system for the truth of its key now and
-// records the answer; it decides nothing (Engine.AskAgain).
+// records the answer; it decides nothing (Desk.AskAgain).
 const ActionAskAgain = "ask_again"
 
 // TruthUnknown is how a card names "no answer": the status query failed,
 // or nobody has asked yet. It is never a system's own answer.
 const TruthUnknown = "UNKNOWN"
 
-// Facts is everything Advise needs, read from the evidence (Engine.Evidence).
+// Facts is everything Advise needs, read from the evidence (Desk.items).
 type Facts struct {
 	Reason Reason
 	Step   string // the step the operation is stuck at
@@ -122,8 +123,8 @@ func Advise(f Facts) Advice {
 		Now:      f.nowText(),
 	}
 	refused := f.Reason == ReasonRefused
-	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(ResolveRetry), Label: "Retry now", Enabled: true},
-		Choice{Action: string(ResolveFailed), Label: "Mark failed", Enabled: true},
+	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(workflow.ResolveRetry), Label: "Retry now", Enabled: true},
+		Choice{Action: string(workflow.ResolveFailed), Label: "Mark failed", Enabled: true},
 		Choice{Action: ActionAskAgain, Label: "Ask " + f.System + " again", Enabled: true}
 
 	// What the truth now rules out.
@@ -203,7 +204,7 @@ func (c *Choice) disable(why string) {
 }
 
 func (f Facts) doneChoice() Choice {
-	c := Choice{Action: string(ResolveDone), Label: "It happened: mark done", Enabled: true}
+	c := Choice{Action: string(workflow.ResolveDone), Label: "It happened: mark done", Enabled: true}
 	switch {
 	case f.Reason == ReasonRefused:
 		c.Label = "Done by hand: mark done"

@@ -1,0 +1,219 @@
+package reconciliation
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// This file is what a person does with an operation recovery could not
+// finish: a decision, checked against the evidence as the desk reads it in
+// the decision's own transaction, written by the engine through the same
+// fenced code path as requests and recovery (workflow.Engine.Decide), and
+// recorded in the desk's audit trail in the same commit.
+
+// ParseResolution reads a decision's action. "mark_cancelled" is the
+// cancellation's older name for mark_done and means the same.
+func ParseResolution(action string) (workflow.Resolution, bool) {
+	switch action {
+	case string(workflow.ResolveDone), "mark_cancelled":
+		return workflow.ResolveDone, true
+	case string(workflow.ResolveRetry):
+		return workflow.ResolveRetry, true
+	case string(workflow.ResolveFailed):
+		return workflow.ResolveFailed, true
+	}
+	return "", false
+}
+
+// ResolveRequest is one person's decision on one operation, with the state
+// they saw when they made it.
+type ResolveRequest struct {
+	OperationID   int64
+	Resolution    workflow.Resolution
+	SeenUpdatedAt time.Time // the operation's updated_at as shown
+	Actor         string    // "admin (request … on app-1)"
+	Note          string    // why, in their words (optional)
+	// DecidedBy names the person (their user name) in the audit trail.
+	DecidedBy string
+	// TruthSeen is the truth now the page showed ("" or UNKNOWN: no answer).
+	TruthSeen string
+	// Desk is how the evidence is read: the advice Resolve checks the
+	// decision against is the one the desk shows.
+	Desk Config
+	// BatchSize is how many decisions the person made with this one click.
+	BatchSize int
+	// OnlyIfSuggested: apply only where the truth now makes this very
+	// decision unambiguous (a bulk decision); otherwise not_allowed.
+	OnlyIfSuggested bool
+}
+
+// Decided is the outcome of one decision of a batch.
+type Decided struct {
+	OperationID int64  `json:"operation_id"`
+	Decision    string `json:"decision"`
+	// Outcome: decided · state_changed (someone else, or recovery, got
+	// there first) · not_allowed (the evidence rules it out) · not_found
+	Outcome string `json:"outcome"`
+	Detail  string `json:"detail,omitempty"`
+	Status  string `json:"status,omitempty"` // the operation's status after the decision
+}
+
+// Outcomes of one decision of a batch.
+const (
+	OutcomeDecided      = "decided"
+	OutcomeStateChanged = "state_changed"
+	OutcomeNotAllowed   = "not_allowed"
+	OutcomeNotFound     = "not_found"
+)
+
+// Resolve applies a person's decision in one transaction: hooks.Begin, the
+// decision and its timeline events, hooks.Finish with the operation. A
+// refusal — workflow.ErrStateChanged (not as they saw it),
+// workflow.ErrNotFound, workflow.ErrResolutionNotAllowed — goes to
+// hooks.Finish in the same transaction, commits with Begin, and is returned
+// wrapped in workflow.Refused.
+func (d *Desk) Resolve(ctx context.Context, req ResolveRequest, hooks workflow.Hooks[workflow.Operation]) (workflow.Operation, error) {
+	var op workflow.Operation
+	var refusal error
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		refusal = nil
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		op, err = d.resolve(ctx, tx, req)
+		if refused(err) {
+			refusal = workflow.Refused(err)
+			return hooks.RunFinish(ctx, tx, workflow.Operation{}, refusal)
+		}
+		if err != nil {
+			return err
+		}
+		return hooks.RunFinish(ctx, tx, op, nil)
+	})
+	switch {
+	case err != nil:
+		return workflow.Operation{}, err
+	case refusal != nil:
+		return workflow.Operation{}, refusal
+	}
+	return op, nil
+}
+
+// refused reports whether err is a decision's refusal (nothing written).
+func refused(err error) bool {
+	return errors.Is(err, workflow.ErrStateChanged) || errors.Is(err, workflow.ErrNotFound) ||
+		errors.Is(err, workflow.ErrResolutionNotAllowed)
+}
+
+// resolve decides one operation in tx: the engine locks it as the person
+// saw it and checks the decision fits the step; the desk then refuses a
+// decision the evidence, read in this transaction, rules out — whatever the
+// page showed when it was rendered — and records it in the audit trail.
+func (d *Desk) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (workflow.Operation, error) {
+	var item Item
+	op, err := d.engine.Decide(ctx, tx, workflow.Decision{OperationID: req.OperationID, Resolution: req.Resolution,
+		SeenUpdatedAt: req.SeenUpdatedAt, Actor: req.Actor, Note: req.Note},
+		func(seen workflow.Operation) (string, error) {
+			items, err := d.items(ctx, tx, req.Desk, []workflow.Operation{seen})
+			if err != nil {
+				return "", err
+			}
+			item = items[0]
+			if choice, ok := item.Advice.Action(string(req.Resolution)); ok && !choice.Enabled {
+				return "", fmt.Errorf("%w: %s", workflow.ErrResolutionNotAllowed, choice.Disabled)
+			}
+			if req.OnlyIfSuggested && (!item.Advice.Unambiguous || item.Advice.Suggested != string(req.Resolution)) {
+				return "", fmt.Errorf("%w: the truth now (%s) does not make %s unambiguous; decide it on its own card",
+					workflow.ErrResolutionNotAllowed, item.Truth(), req.Resolution)
+			}
+			note := fmt.Sprintf(" (by %s, seeing %s %s)", cmp.Or(req.DecidedBy, req.Actor), item.Facts.System, truthSeen(req.TruthSeen))
+			if req.Note != "" {
+				note += " — " + req.Note
+			}
+			return note, nil
+		})
+	if err != nil {
+		return workflow.Operation{}, err
+	}
+	return op, recordDecision(ctx, tx, req, item)
+}
+
+func truthSeen(t string) string {
+	if t == "" {
+		return TruthUnknown
+	}
+	return t
+}
+
+// recordDecision writes the decision's line of the audit trail, in the
+// decision's transaction.
+func recordDecision(ctx context.Context, tx pgx.Tx, req ResolveRequest, item Item) error {
+	var callID *int64
+	var truth *string
+	if c := item.NowCall; c != nil {
+		callID, truth = &c.ID, c.Truth
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO reconciliation_decisions (operation_id, step_key, decided_by, actor, decision, seen_updated_at,
+		                                      truth_seen, truth_call_id, truth_at_decision, suggested, batch_size, note)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		req.OperationID, item.Stuck.Key, cmp.Or(req.DecidedBy, req.Actor), req.Actor, string(req.Resolution), req.SeenUpdatedAt,
+		truthSeen(req.TruthSeen), callID, truth, item.Advice.Suggested, max(req.BatchSize, 1), req.Note)
+	if err != nil {
+		return fmt.Errorf("reconciliation: record the decision: %w", err)
+	}
+	return nil
+}
+
+// ResolveMany applies a batch of decisions — one click on the desk — in
+// one transaction: hooks.Begin, every decision in the order of the
+// operations' ids (two batches over the same operations lock them in the
+// same order, so they queue instead of deadlocking), hooks.Finish with the
+// outcomes. Each decision is conditional on the state its person saw, as
+// in Resolve: of two admins deciding the same items at once, one wins per
+// item and the other's outcome says state_changed. A refusal of one item
+// writes nothing for it and does not stop the others.
+func (d *Desk) ResolveMany(ctx context.Context, reqs []ResolveRequest, hooks workflow.Hooks[[]Decided]) ([]Decided, error) {
+	reqs = slices.Clone(reqs)
+	slices.SortFunc(reqs, func(a, b ResolveRequest) int { return cmp.Compare(a.OperationID, b.OperationID) })
+	reqs = slices.CompactFunc(reqs, func(a, b ResolveRequest) bool { return a.OperationID == b.OperationID })
+	var out []Decided
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		out = make([]Decided, 0, len(reqs))
+		if err := hooks.RunBegin(ctx, tx); err != nil {
+			return err
+		}
+		for _, req := range reqs {
+			req.BatchSize = len(reqs)
+			dec := Decided{OperationID: req.OperationID, Decision: string(req.Resolution), Outcome: OutcomeDecided}
+			op, err := d.resolve(ctx, tx, req)
+			switch {
+			case errors.Is(err, workflow.ErrStateChanged):
+				dec.Outcome, dec.Detail = OutcomeStateChanged, err.Error()
+			case errors.Is(err, workflow.ErrNotFound):
+				dec.Outcome, dec.Detail = OutcomeNotFound, err.Error()
+			case errors.Is(err, workflow.ErrResolutionNotAllowed):
+				dec.Outcome, dec.Detail = OutcomeNotAllowed, err.Error()
+			case err != nil:
+				return err
+			default:
+				dec.Status = op.Status
+			}
+			out = append(out, dec)
+		}
+		return hooks.RunFinish(ctx, tx, out, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

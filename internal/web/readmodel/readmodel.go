@@ -1,0 +1,171 @@
+// Package readmodel is what the operation and recovery pages read of the
+// workflow engine's tables, beyond the operations themselves (which
+// workflow.Engine reads): an operation's timeline and its exchanges with
+// other systems, the counts per status, the live operations and the latest
+// recovery steps. Nothing here writes, and nothing in the engine depends on
+// it: delete the pages and the engine still runs.
+package readmodel
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// Timeline returns the operation's events, oldest first.
+func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workflow.Event, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch, step,
+		       writer, bound
+		  FROM operation_events
+		 WHERE operation_id = $1
+		 ORDER BY id`, operationID)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: timeline: %w", err)
+	}
+	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.Event])
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: timeline: %w", err)
+	}
+	return events, nil
+}
+
+// Calls returns the operation's exchanges with other systems, oldest first.
+func Calls(ctx context.Context, db database.DBTX, operationID int64) ([]workflow.CallRecord, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
+		       request, outcome, truth, detail, took_ms
+		  FROM operation_calls
+		 WHERE operation_id = $1
+		 ORDER BY id`, operationID)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: calls: %w", err)
+	}
+	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.CallRecord])
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: calls: %w", err)
+	}
+	return calls, nil
+}
+
+// CountByStatus counts operations per status (every status present, zeros included).
+func CountByStatus(ctx context.Context, db database.DBTX) (map[string]int, error) {
+	counts := map[string]int{}
+	for _, s := range workflow.Statuses {
+		counts[s] = 0
+	}
+	rows, err := db.Query(ctx, `SELECT status, count(*) FROM operations GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: count by status: %w", err)
+	}
+	var st string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[st] = n; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: count by status: %w", err)
+	}
+	return counts, nil
+}
+
+// LiveOperation is an operation someone is (or should be) working on, as
+// the recovery page lists it.
+type LiveOperation struct {
+	workflow.Operation
+	// Stale: its lease is over, so recovery may claim it (once Due).
+	Stale bool
+	// Due: no backoff holds it back.
+	Due bool
+}
+
+// ListLive returns the IN_PROGRESS and RECOVERING operations, those whose
+// lease ran out longest ago first, judged on the engine's clock.
+func ListLive(ctx context.Context, db database.DBTX, e *workflow.Engine, limit int) ([]LiveOperation, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id,
+		       lease_expires_at < `+database.Now(1)+`,
+		       next_attempt_at IS NULL OR next_attempt_at <= `+database.Now(1)+`
+		  FROM operations
+		 WHERE status IN ('IN_PROGRESS', 'RECOVERING')
+		 ORDER BY lease_expires_at
+		 LIMIT $2`, e.Clock().Arg(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: list live: %w", err)
+	}
+	live, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (LiveOperation, error) {
+		var l LiveOperation
+		err := row.Scan(&l.ID, &l.Stale, &l.Due)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: list live: %w", err)
+	}
+	ids := make([]int64, len(live))
+	for i, l := range live {
+		ids[i] = l.ID
+	}
+	ops, err := e.Operations(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	// An operation that finished between the two reads is no longer live.
+	out := live[:0]
+	for _, l := range live {
+		if i, found := slices.BinarySearchFunc(ops, l.ID, func(op workflow.Operation, id int64) int { return cmp.Compare(op.ID, id) }); found {
+			l.Operation = ops[i]
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// RecoveryEvent is one recovery step on some operation's timeline, for the
+// recovery page: which branch, by which worker, on what subject.
+type RecoveryEvent struct {
+	workflow.Event
+	Type     string
+	PolicyID int64
+}
+
+// RecentRecoveryEvents returns the newest events that carry a branch.
+func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]RecoveryEvent, error) {
+	rows, err := db.Query(ctx, `
+		SELECT ev.id, ev.operation_id, ev.at, ev.from_status, ev.to_status, ev.actor, ev.owner_token::text,
+		       ev.detail, ev.statement, ev.branch, ev.step, o.operation_type, coalesce(o.policy_id, 0)
+		  FROM operation_events ev
+		  JOIN operations o ON o.id = ev.operation_id
+		 WHERE ev.branch IS NOT NULL
+		 ORDER BY ev.id DESC
+		 LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: recent recovery events: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RecoveryEvent, error) {
+		var r RecoveryEvent
+		ev := &r.Event
+		err := row.Scan(&ev.ID, &ev.OperationID, &ev.At, &ev.FromStatus, &ev.ToStatus, &ev.Actor, &ev.OwnerToken,
+			&ev.Detail, &ev.Statement, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: recent recovery events: %w", err)
+	}
+	return out, nil
+}
+
+// Truth asks the system behind external step of op for the truth of the
+// step's key, now: what the operation page shows beside what was recorded.
+func Truth(ctx context.Context, e *workflow.Engine, op workflow.Operation, step string) (external.Truth, error) {
+	st, ok := e.Step(op.Type, step)
+	rec, found := op.Step(step)
+	if !ok || !found || st.Call == nil {
+		return "", fmt.Errorf("readmodel: %s has no external step %q", op.Type, step)
+	}
+	return st.Call.Status(ctx, rec.Key)
+}
