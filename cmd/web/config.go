@@ -19,8 +19,13 @@ import (
 // that works for `make run` against a local PostgreSQL; docs/api.md lists them.
 type config struct {
 	DatabaseURL string // DATABASE_URL
-	Addr        string // ADDR, the app's listen address
-	DBMaxConns  int32  // DB_MAX_CONNS, the pool size
+	// DatabaseDirectURL (DATABASE_DIRECT_URL) is the database itself when
+	// DATABASE_URL goes through a pooler in transaction mode (PgBouncer):
+	// what needs a session of its own — the migrations' advisory lock, the
+	// relay's LISTEN — uses it. Default DATABASE_URL (docs/scaling.md).
+	DatabaseDirectURL string
+	Addr              string // ADDR, the app's listen address
+	DBMaxConns        int32  // DB_MAX_CONNS, the pool size
 	// FakeDBMaxConns sizes each in-process fake's own pool
 	// (FAKE_DB_MAX_CONNS, default DB_MAX_CONNS): an external system shares
 	// nothing with the app but the database server, and a fake smaller than
@@ -108,13 +113,14 @@ type config struct {
 
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
-		DatabaseURL:   or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		Addr:          or(getenv("ADDR"), ":8080"),
-		LogFormat:     or(getenv("LOG_FORMAT"), "text"),
-		SessionSecret: getenv("SESSION_SECRET"),
-		DemoTokens:    getenv("DEMO_TOKENS"),
-		InstanceID:    getenv("INSTANCE_ID"),
-		BodyLimit:     or(getenv("BODY_LIMIT"), "1M"),
+		DatabaseURL:       or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		DatabaseDirectURL: getenv("DATABASE_DIRECT_URL"),
+		Addr:              or(getenv("ADDR"), ":8080"),
+		LogFormat:         or(getenv("LOG_FORMAT"), "text"),
+		SessionSecret:     getenv("SESSION_SECRET"),
+		DemoTokens:        getenv("DEMO_TOKENS"),
+		InstanceID:        getenv("INSTANCE_ID"),
+		BodyLimit:         or(getenv("BODY_LIMIT"), "1M"),
 
 		ProviderURL:        getenv("PROVIDER_URL"),
 		ProviderAddr:       or(getenv("PROVIDER_ADDR"), ":8081"),

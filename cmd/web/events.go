@@ -136,6 +136,7 @@ func databaseName(url string) string {
 type eventsRuntime struct {
 	cfg      eventsConfig
 	pool     *pgxpool.Pool
+	listen   *pgxpool.Pool // the relay's LISTEN: the database itself (DATABASE_DIRECT_URL)
 	logger   *slog.Logger
 	crash    *crash.Switch
 	metrics  *events.Metrics
@@ -143,9 +144,9 @@ type eventsRuntime struct {
 	instance string
 }
 
-func newEventsRuntime(cfg eventsConfig, pool *pgxpool.Pool, instance string, sw *crash.Switch,
+func newEventsRuntime(cfg eventsConfig, pool, listen *pgxpool.Pool, instance string, sw *crash.Switch,
 	metrics *events.Metrics, logger *slog.Logger) *eventsRuntime {
-	return &eventsRuntime{cfg: cfg, pool: pool, logger: logger, crash: sw, metrics: metrics,
+	return &eventsRuntime{cfg: cfg, pool: pool, listen: listen, logger: logger, crash: sw, metrics: metrics,
 		injector: events.NewInjector(pool), instance: instance}
 }
 
@@ -189,7 +190,7 @@ func (er *eventsRuntime) Run(ctx context.Context) {
 func (er *eventsRuntime) relay(pub events.Publisher) (*events.Relay, error) {
 	return events.NewRelay(er.pool, pub, events.RelayConfig{Instance: er.instance,
 		Interval: er.cfg.RelayInterval, Lease: er.cfg.RelayLease, MaxAttempts: er.cfg.MaxAttempts, Retention: er.cfg.Retention,
-		InboxRetention: er.cfg.InboxRetention, Crash: er.crash, Injector: er.injector,
+		InboxRetention: er.cfg.InboxRetention, Listen: er.listen, Crash: er.crash, Injector: er.injector,
 		Metrics: er.metrics, Logger: er.logger})
 }
 
@@ -312,11 +313,12 @@ func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "events"
 	}
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 	sw := crash.New(events.CrashPoints, logger)
 	if err := sw.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
@@ -325,7 +327,7 @@ func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.
 	if cfg.Events.Transport == events.TransportTasks && (cfg.Events.Tasks.PushURL == "" || cfg.Events.Tasks.tokenMadeUp) {
 		return errors.New("web events with EVENTS_TRANSPORT=tasks needs TASKS_PUSH_URL and TASKS_PUSH_TOKEN: the app instances serve the pushes")
 	}
-	run := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
+	run := newEventsRuntime(cfg.Events, pool, direct, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
 	fmt.Fprintf(stdout, "events %q running (%s)\n", cfg.InstanceID, cfg.Events.Transport)
 	run.Run(ctx)
 	return nil

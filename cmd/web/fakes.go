@@ -164,11 +164,12 @@ func inProcess(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logg
 // serveFake is `web provider` and `web payments`: one fake alone, for
 // docker-compose and for several app replicas sharing one system.
 func serveFake(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logger, stdout io.Writer) error {
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 	fs, err := startFake(ctx, cfg, spec, pool, logger)
 	if err != nil {

@@ -91,11 +91,12 @@ func recoverOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io
 	if cfg.InstanceID == "" {
 		cfg.InstanceID = "recover"
 	}
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 	client := provider.NewHTTPClient(cfg.ProviderURL, cfg.ProviderTimeout)
 	defer client.CloseIdleConnections()

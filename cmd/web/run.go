@@ -89,11 +89,12 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 // function of its own; shutdown runs them backwards: stop accepting and finish
 // in-flight requests, stop the loops, close the clients, the fakes and the pool.
 func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 
 	accounts, err := seedDemo(ctx, cfg, pool, logger)
@@ -119,7 +120,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	if err != nil {
 		return err
 	}
-	eventsRun := newEventsRuntime(cfg.Events, pool, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
+	eventsRun := newEventsRuntime(cfg.Events, pool, direct, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
 	tasksPush, err := eventsRun.pushHandler()
 	if err != nil {
 		return err
@@ -362,29 +363,43 @@ func demoData(ctx context.Context, cfg config, pool *pgxpool.Pool) ([]demo.Accou
 // Replicas starting together take turns: goose holds a Postgres session
 // lock. A database that is down, restarting or still in crash recovery is
 // waited for (logged, with backoff) instead of ending the process.
-func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*pgxpool.Pool, *database.Migrator, error) {
+//
+// direct is a pool on DATABASE_DIRECT_URL (two connections: the migrator's
+// session lock and the relay's LISTEN) when DATABASE_URL goes through a
+// pooler in transaction mode; otherwise it is pool itself (closing a
+// pgxpool twice is harmless).
+func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (pool, direct *pgxpool.Pool, m *database.Migrator, err error) {
 	type opened struct {
-		pool     *pgxpool.Pool
-		migrator *database.Migrator
+		pool, direct *pgxpool.Pool
+		migrator     *database.Migrator
 	}
 	o, err := database.WaitFor(ctx, logger, "open and migrate", func(ctx context.Context) (opened, error) {
 		pool, err := database.Open(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
 		if err != nil {
 			return opened{}, err
 		}
-		migrator, err := database.NewMigrator(pool, logger)
+		direct := pool
+		if cfg.DatabaseDirectURL != "" {
+			if direct, err = database.Open(ctx, cfg.DatabaseDirectURL, 2); err != nil {
+				pool.Close()
+				return opened{}, err
+			}
+		}
+		migrator, err := database.NewMigrator(direct, logger)
 		if err != nil {
 			pool.Close()
+			direct.Close()
 			return opened{}, err
 		}
 		if err := migrator.Up(ctx); err != nil {
 			migrator.Close()
 			pool.Close()
+			direct.Close()
 			return opened{}, err
 		}
-		return opened{pool, migrator}, nil
+		return opened{pool, direct, migrator}, nil
 	})
-	return o.pool, o.migrator, err
+	return o.pool, o.direct, o.migrator, err
 }
 
 // banner prints where the app listens and the demo tokens, for people and
@@ -407,7 +422,9 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger, args []string
 	if len(args) != 1 {
 		return errors.New("usage: web migrate up|down|status")
 	}
-	pool, err := database.Open(ctx, cfg.DatabaseURL, 2)
+	// The migrations' session lock needs the database itself, not a
+	// pooler in transaction mode.
+	pool, err := database.Open(ctx, or(cfg.DatabaseDirectURL, cfg.DatabaseURL), 2)
 	if err != nil {
 		return err
 	}

@@ -182,11 +182,12 @@ func serveTaskQueue(ctx context.Context, pool *pgxpool.Pool, tc tasksConfig, dea
 // dispatcher), for compose and for several app instances sharing one
 // queue: each sets TASKS_URL to its address.
 func tasksOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 	started := make(chan string, 1)
 	go func() {

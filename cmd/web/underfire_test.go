@@ -319,11 +319,12 @@ func TestAStartWaitsForADatabaseThatLeftAfterItsMigration(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(testLogWriter{t}, nil))
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 
 	if err := c.Stop(true); err != nil {

@@ -39,11 +39,12 @@ func userCommand(ctx context.Context, cfg config, getenv func(string) string, lo
 		return errors.New("web user set: nothing to do: set PASSWORD, -token or -role")
 	}
 
-	pool, migrator, err := openMigrated(ctx, cfg, logger)
+	pool, direct, migrator, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	defer direct.Close()
 	defer migrator.Close()
 	store := users.NewStore(pool)
 

@@ -65,10 +65,16 @@ type RelayConfig struct {
 	InboxRetention time.Duration
 	// PurgeBatch bounds one DELETE. Default 1000.
 	PurgeBatch int
-	Crash      *crash.Switch
-	Injector   *Injector
-	Metrics    *Metrics
-	Logger     *slog.Logger
+	// Listen is where the relay's LISTEN runs: the database itself when
+	// the relay's pool goes through a pooler in transaction mode
+	// (PgBouncer), which hands a session's server connection to others
+	// between transactions, so a NOTIFY would never reach it. Default: the
+	// relay's pool.
+	Listen   *pgxpool.Pool
+	Crash    *crash.Switch
+	Injector *Injector
+	Metrics  *Metrics
+	Logger   *slog.Logger
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -123,6 +129,9 @@ type Relay struct {
 func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Listen == nil {
+		cfg.Listen = pool
 	}
 	return &Relay{pool: pool, pub: pub, cfg: cfg.withDefaults()}, nil
 }
@@ -208,7 +217,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, listening chan
 }
 
 func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, ready func()) error {
-	conn, err := r.pool.Acquire(ctx)
+	conn, err := r.cfg.Listen.Acquire(ctx)
 	if err != nil {
 		return err
 	}

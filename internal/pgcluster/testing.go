@@ -43,3 +43,16 @@ func StandbyForTest(t testing.TB, primary *Cluster, opts Options) *Cluster {
 	})
 	return c
 }
+
+// BouncerForTest starts a PgBouncer in transaction mode in front of c for
+// one test and stops it when the test ends.
+func BouncerForTest(t testing.TB, c *Cluster, poolSize int) *Bouncer {
+	t.Helper()
+	b, err := StartBouncer(c, poolSize)
+	if err != nil {
+		t.Fatalf("pgcluster: %v", err)
+		return nil
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
