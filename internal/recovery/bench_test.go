@@ -15,6 +15,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/recovery/recoverytest"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -31,10 +32,10 @@ func BenchmarkDrain(b *testing.B) {
 	const stale = 1000
 	for range b.N {
 		b.StopTimer()
-		bn := setup(b)
+		bn := recoverytest.Setup(b)
 		seedStale(b, bn, stale)
 		var trips, commits atomic.Int64
-		loops := []*recovery.Loop{bn.tracedLoop(b, "app-1", &trips, &commits), bn.tracedLoop(b, "app-2", &trips, &commits)}
+		loops := []*recovery.Loop{tracedLoop(b, bn, "app-1", &trips, &commits), tracedLoop(b, bn, "app-2", &trips, &commits)}
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		b.StartTimer()
@@ -43,7 +44,7 @@ func BenchmarkDrain(b *testing.B) {
 			wg.Add(1)
 			go func() { defer wg.Done(); l.Run(ctx) }()
 		}
-		for bn.live(b) > 0 {
+		for bn.Live(b) > 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
 		took := time.Since(start)
@@ -58,9 +59,9 @@ func BenchmarkDrain(b *testing.B) {
 
 // seedStale inserts n stale cancellations of alice's policies (adding
 // policies as needed), the intent recorded and nothing sent.
-func seedStale(b testing.TB, bn *bundle, n int) {
+func seedStale(b testing.TB, bn *recoverytest.Bundle, n int) {
 	b.Helper()
-	_, err := bn.db.Pool.Exec(context.Background(), `
+	_, err := bn.DB.Pool.Exec(context.Background(), `
 		WITH p AS (
 		    INSERT INTO policies (user_id, number, holder, premium, coverage_start, coverage_end)
 		    SELECT user_id, 'BENCH-' || g, holder, premium, coverage_start, coverage_end
@@ -81,7 +82,7 @@ func seedStale(b testing.TB, bn *bundle, n int) {
 		  FROM o,
 		       (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
 		               (4, 'publish_event', NULL), (5, 'refund', 'payments'), (6, 'audit', NULL)) AS s(position, name, system)`,
-		n, bn.policyIDs[0])
+		n, bn.PolicyIDs[0])
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -89,9 +90,9 @@ func seedStale(b testing.TB, bn *bundle, n int) {
 
 // tracedLoop is a loop as `web serve` runs it (default batch and interval,
 // a pool of 8), whose pool counts its round trips and commits.
-func (bn *bundle) tracedLoop(b *testing.B, name string, trips, commits *atomic.Int64) *recovery.Loop {
+func tracedLoop(b *testing.B, bn *recoverytest.Bundle, name string, trips, commits *atomic.Int64) *recovery.Loop {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(bn.db.URL)
+	cfg, err := pgxpool.ParseConfig(bn.DB.URL)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -102,14 +103,14 @@ func (bn *bundle) tracedLoop(b *testing.B, name string, trips, commits *atomic.I
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	client := provider.NewHTTPClient(bn.url, bn.timeout)
+	client := provider.NewHTTPClient(bn.URL, bn.Timeout)
 	b.Cleanup(client.CloseIdleConnections)
-	pay := payments.NewHTTPClient(bn.payURL, bn.timeout)
+	pay := payments.NewHTTPClient(bn.PayURL, bn.Timeout)
 	b.Cleanup(pay.CloseIdleConnections)
-	engine := workflow.NewEngine(pool, workflow.Config{Lease: 30 * time.Second, Logger: quiet})
+	engine := workflow.NewEngine(pool, workflow.Config{Lease: 30 * time.Second, Logger: recoverytest.Quiet})
 	policies.NewCanceller(engine, client, pay)
 	rc := recovery.DefaultConfig()
-	rc.Instance, rc.Logger = name, quiet
+	rc.Instance, rc.Logger = name, recoverytest.Quiet
 	l := recovery.New(engine, rc)
 	l.Register(policies.OperationCancel, engine)
 	return l
