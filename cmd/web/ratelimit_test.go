@@ -149,3 +149,22 @@ func TestBadRateLimitSettingsStopTheStart(t *testing.T) {
 		t.Errorf("off and 30/h: %+v %v", cfg.RateLimits, err)
 	}
 }
+
+// Two replicas on one database share the buckets: alice's writes spread
+// over both get the documented rate once, not twice.
+func TestRateLimitsHoldAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"RATE_LIMIT_WRITES_PER_USER": "10/m"}
+	a := startServer(t, env)
+	b := startServerOn(t, a.DB, env)
+	counts, limited := countStatuses(20, func(i int) response {
+		s := []*testServer{a, b}[i%2]
+		return s.do(request{Method: "POST", Path: "/api/v1/policies/999999/cancel", Token: "demo-alice",
+			Header: map[string]string{"Idempotency-Key": fmt.Sprintf("spread-%02d", i)}})
+	})
+	// 10 at once, then one every 6 s: 11 if the run outlasted a refill.
+	if passed := 20 - counts[http.StatusTooManyRequests]; passed < 10 || passed > 11 {
+		t.Fatalf("20 writes spread over two replicas: %v, want 10 through (one bucket), not 20", counts)
+	}
+	assertRateLimited(t, "a write past the shared limit", limited, "writes-per-user")
+}

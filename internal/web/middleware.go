@@ -79,8 +79,14 @@ func (app *App) authenticateBearer(next echo.HandlerFunc) echo.HandlerFunc {
 		// An address that has sent too many bad tokens is refused before
 		// its next guess is even looked up.
 		exempt := app.limits.exempted(c)
-		if empty, wait := app.limits.badToken.empty(addressKey(c)); empty && !exempt {
-			return tooManyRequests(c, app.limits.badToken, wait)
+		if !exempt {
+			empty, wait, err := app.limits.badToken.empty(c.Request().Context(), addressKey(c))
+			if err != nil {
+				return err
+			}
+			if empty {
+				return tooManyRequests(c, app.limits.badToken, wait)
+			}
 		}
 		u, err := app.users.ByToken(c.Request().Context(), strings.TrimSpace(token))
 		if errors.Is(err, users.ErrNotFound) {

@@ -1,25 +1,31 @@
 package web
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
-	"golang.org/x/time/rate"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/problem"
 )
 
-// Rate limits: token buckets (golang.org/x/time/rate) per client address or
-// per user, in this process's memory. Each replica counts for itself, so
-// behind N replicas a client gets up to N times a limit: the limits stop a
-// flood, they are not a quota. docs/api.md "Rate limits" lists them.
+// Rate limits: token buckets per client address or per user, kept in
+// PostgreSQL (the rate_buckets table), so every replica spends from the same
+// bucket and N replicas allow the documented rate, not N times it. A take is
+// one statement on an unlogged table: a round trip, with no flush to wait
+// for (migrations/00115_rate_buckets.sql says why that is enough). The
+// database's clock refills the buckets, as it decides every other time here.
+// docs/api.md "Rate limits" lists them.
 
 // Rate is "Events per Per", with a burst of Events: 10/m lets ten through at
 // once, then one every six seconds. The zero Rate is no limit.
@@ -75,75 +81,82 @@ var DefaultRateLimits = RateLimits{
 type limiter struct {
 	name string
 	rate Rate
-
-	mu      sync.Mutex
-	buckets map[string]*bucket
-	adds    int // since the last sweep
+	db   database.DBTX
+	// takes counts this process's takes; every purgeEvery-th one deletes
+	// the buckets that have been full for a while (a full bucket and a
+	// missing one behave the same).
+	takes atomic.Int64
 }
 
-type bucket struct {
-	lim  *rate.Limiter
-	seen time.Time
+const purgeEvery = 1024
+
+func newLimiter(name string, r Rate, db database.DBTX) *limiter {
+	return &limiter{name: name, rate: r, db: db}
 }
 
-func newLimiter(name string, r Rate) *limiter {
-	return &limiter{name: name, rate: r, buckets: map[string]*bucket{}}
-}
-
-// get returns key's bucket. Now and then it drops buckets idle for longer
-// than refilling takes: a full bucket and a missing one behave the same, so
-// memory stays bounded by the clients of the last few periods.
-func (l *limiter) get(key string, now time.Time) *rate.Limiter {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, ok := l.buckets[key]
-	if !ok {
-		if l.adds++; l.adds >= 1024 {
-			l.adds = 0
-			for k, old := range l.buckets {
-				if now.Sub(old.seen) > l.rate.Per {
-					delete(l.buckets, k)
-				}
-			}
-		}
-		every := l.rate.Per / time.Duration(l.rate.Events)
-		b = &bucket{lim: rate.NewLimiter(rate.Every(every), l.rate.Events)}
-		l.buckets[key] = b
-	}
-	b.seen = now
-	return b.lim
-}
+// perSecond is the refill rate.
+func (l *limiter) perSecond() float64 { return float64(l.rate.Events) / l.rate.Per.Seconds() }
 
 // take spends one event of key's bucket. When none is left it spends
 // nothing and says how long until one is.
-func (l *limiter) take(key string) (ok bool, retryAfter time.Duration) {
+func (l *limiter) take(ctx context.Context, key string) (ok bool, retryAfter time.Duration, err error) {
 	if l.rate.Events == 0 {
-		return true, 0
+		return true, 0, nil
 	}
-	now := time.Now()
-	lim := l.get(key, now)
-	r := lim.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		r.CancelAt(now)
-		return false, d
+	if l.takes.Add(1)%purgeEvery == 0 {
+		if _, err := l.db.Exec(ctx, `
+			DELETE FROM rate_buckets
+			 WHERE limit_name = $1
+			   AND at < now() - make_interval(secs => $2) -- refilled long ago: full`,
+			l.name, l.rate.Per.Seconds()); err != nil {
+			return false, 0, fmt.Errorf("web: purge rate buckets: %w", err)
+		}
 	}
-	return true, 0
+	// The bucket's tokens now are its tokens at `at` plus the refill since,
+	// at most the burst ($3); one is spent when there is one. The row lock
+	// orders concurrent takes, from every replica.
+	var tokens float64
+	err = l.db.QueryRow(ctx, `
+		INSERT INTO rate_buckets AS b (limit_name, key, tokens, at, taken)
+		VALUES ($1, $2, $3 - 1, now(), true)
+		    ON CONFLICT (limit_name, key) DO UPDATE
+		   SET tokens = least($3, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $4)
+		                - CASE WHEN least($3, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $4) >= 1
+		                       THEN 1 ELSE 0 END,
+		       taken  = least($3, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $4) >= 1,
+		       at     = greatest(b.at, now())
+		RETURNING taken, tokens`,
+		l.name, key, float64(l.rate.Events), l.perSecond()).Scan(&ok, &tokens)
+	if err != nil {
+		return false, 0, fmt.Errorf("web: take from %s: %w", l.name, err)
+	}
+	if ok {
+		return true, 0, nil
+	}
+	return false, time.Duration((1 - tokens) / l.perSecond() * float64(time.Second)), nil
 }
 
 // empty reports whether key's bucket has nothing left, without spending.
-func (l *limiter) empty(key string) (bool, time.Duration) {
+func (l *limiter) empty(ctx context.Context, key string) (bool, time.Duration, error) {
 	if l.rate.Events == 0 {
-		return false, 0
+		return false, 0, nil
 	}
-	now := time.Now()
-	lim := l.get(key, now)
-	if lim.TokensAt(now) >= 1 {
-		return false, 0
+	var tokens float64
+	err := l.db.QueryRow(ctx, `
+		SELECT least($3, tokens + greatest(0, extract(epoch FROM now() - at)) * $4)
+		  FROM rate_buckets
+		 WHERE limit_name = $1
+		   AND key = $2`,
+		l.name, key, float64(l.rate.Events), l.perSecond()).Scan(&tokens)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, 0, nil // never used: full
+	case err != nil:
+		return false, 0, fmt.Errorf("web: read %s: %w", l.name, err)
+	case tokens >= 1:
+		return false, 0, nil
 	}
-	r := lim.ReserveN(now, 1)
-	d := r.DelayFrom(now)
-	r.CancelAt(now)
-	return true, d
+	return true, time.Duration((1 - tokens) / l.perSecond() * float64(time.Second)), nil
 }
 
 // limits are the app's limiters.
@@ -155,14 +168,14 @@ type limits struct {
 	labs             *limiter
 }
 
-func newLimits(cfg RateLimits) *limits {
+func newLimits(cfg RateLimits, db database.DBTX) *limits {
 	return &limits{
 		exempt:           cfg.Exempt,
-		signIn:           newLimiter("sign-in", cfg.SignIn),
-		badToken:         newLimiter("bad-token", cfg.BadToken),
-		writesPerUser:    newLimiter("writes-per-user", cfg.WritesPerUser),
-		writesPerAddress: newLimiter("writes-per-address", cfg.WritesPerAddress),
-		labs:             newLimiter("labs", cfg.Labs),
+		signIn:           newLimiter("sign-in", cfg.SignIn, db),
+		badToken:         newLimiter("bad-token", cfg.BadToken, db),
+		writesPerUser:    newLimiter("writes-per-user", cfg.WritesPerUser, db),
+		writesPerAddress: newLimiter("writes-per-address", cfg.WritesPerAddress, db),
+		labs:             newLimiter("labs", cfg.Labs, db),
 	}
 }
 
@@ -182,7 +195,11 @@ func (ls *limits) allow(c echo.Context, l *limiter, key string) error {
 	if ls.exempted(c) {
 		return nil
 	}
-	if ok, wait := l.take(key); !ok {
+	ok, wait, err := l.take(c.Request().Context(), key)
+	if err != nil {
+		return err
+	}
+	if !ok {
 		return tooManyRequests(c, l, wait)
 	}
 	return nil

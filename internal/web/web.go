@@ -153,7 +153,7 @@ func New(cfg Config, d Deps) *App {
 	}
 	app := &App{
 		bodyLimit: limit,
-		limits:    newLimits(cfg.RateLimits),
+		limits:    newLimits(cfg.RateLimits, d.Pool),
 		cfg:       cfg,
 		logger:    d.Logger,
 		accounts:  d.Accounts,
