@@ -88,12 +88,6 @@ type config struct {
 	CrashAt   string
 	CrashMode string
 
-	// BookingStrategy is how the API and the slots page book
-	// (BOOKING_STRATEGY): conditional-update, select-for-update or
-	// check-then-insert. One per process: strategies mixed on one slot at
-	// the same moment can deadlock (docs/booking.md).
-	BookingStrategy slots.Strategy
-
 	// DemoMode (DEMO_MODE=true) makes this a demo: the demo accounts with
 	// their known tokens, one-click "sign in as", the data reset and the
 	// crash switch. Off by default: a binary started without it is run for
@@ -205,9 +199,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 		default:
 			return c, fmt.Errorf("%s: %q is neither true nor false", name, v)
 		}
-	}
-	if c.BookingStrategy, err = slots.ParseStrategy(getenv("BOOKING_STRATEGY")); err != nil {
-		return c, fmt.Errorf("BOOKING_STRATEGY: %w", err)
 	}
 	for name, v := range map[string]string{"PROVIDER_IDEMPOTENT": c.ProviderIdempotent, "PAYMENTS_IDEMPOTENT": c.PaymentsIdempotent} {
 		if v != "" && v != "true" && v != "false" {

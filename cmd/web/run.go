@@ -193,7 +193,6 @@ func webConfig(cfg config) web.Config {
 		BodyLimit:       cfg.BodyLimit,
 		TrustedProxies:  cfg.TrustedProxies,
 		RateLimits:      cfg.RateLimits,
-		BookingStrategy: cfg.BookingStrategy,
 		DemoMode:        cfg.DemoMode,
 		OperationLease:  cfg.OperationLease,
 		ProviderTimeout: cfg.ProviderTimeout,

@@ -92,75 +92,70 @@ func assertReplay(t *testing.T, first, again response) {
 	}
 }
 
-// 64 users book one slot at once, each with their own key, for each
-// strategy (BOOKING_STRATEGY): exactly one 201, every other answer a clean
-// 409 slot-taken — stored, so a retry replays it.
+// 64 users book one slot at once, each with their own key: exactly one
+// 201, every other answer a clean 409 slot-taken — stored, so a retry
+// replays it.
 func TestSixtyFourUsersBookOneSlot(t *testing.T) {
 	t.Parallel()
-	for _, strategy := range slots.Strategies {
-		t.Run(string(strategy), func(t *testing.T) {
-			t.Parallel()
-			s := startServer(t, map[string]string{"BOOKING_STRATEGY": string(strategy), "DB_MAX_CONNS": "16"})
-			const racers = 64
-			tokens := bookers(t, s.DB, racers)
-			slotID := freeSlot(t, s.DB, 0)
+	s := startServer(t, map[string]string{"DB_MAX_CONNS": "16"})
+	const racers = 64
+	tokens := bookers(t, s.DB, racers)
+	slotID := freeSlot(t, s.DB, 0)
 
-			keys := make([]string, racers)
-			answers := make([]response, racers)
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range racers {
-				keys[i] = newKey()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					answers[i] = s.book(tokens[i], slotID, keys[i], "")
-				}()
-			}
-			close(start) // every request at once
-			wg.Wait()
-
-			winner, losers := -1, 0
-			for i, r := range answers {
-				switch {
-				case r.Status == http.StatusCreated:
-					if winner >= 0 {
-						t.Fatalf("two winners: %s and %s", answers[winner].Body, r.Body)
-					}
-					winner = i
-				case r.Status == http.StatusConflict && r.problemType() == "slot-taken":
-					losers++
-				default:
-					t.Errorf("racer %d: %d %s", i, r.Status, r.Body)
-				}
-			}
-			if winner < 0 || losers != racers-1 {
-				t.Fatalf("winner %d, %d slot-taken of %d", winner, losers, racers)
-			}
-			var b bookingJSON
-			answers[winner].JSON(t, &b)
-			if loc := answers[winner].Header.Get("Location"); loc != fmt.Sprintf("/api/v1/bookings/%d", b.ID) || b.Status != "CONFIRMED" {
-				t.Errorf("201: Location %q, %+v", loc, b)
-			}
-
-			// Retries replay: the win, and a loss (the 409 was stored too).
-			assertReplay(t, answers[winner], s.book(tokens[winner], slotID, keys[winner], ""))
-			loser := (winner + 1) % racers
-			assertReplay(t, answers[loser], s.book(tokens[loser], slotID, keys[loser], ""))
-
-			var confirmed int
-			var status string
-			s.DB.Pool.QueryRow(context.Background(), `
-				SELECT count(b.id), s.status
-				  FROM slots s LEFT JOIN bookings b ON b.slot_id = s.id AND b.status = 'CONFIRMED'
-				 WHERE s.id = $1 GROUP BY s.id`, slotID).Scan(&confirmed, &status)
-			if confirmed != 1 || status != "BOOKED" {
-				t.Fatalf("slot %d: %s with %d confirmed bookings", slotID, status, confirmed)
-			}
-			assertInvariant3(t, s.DB)
-		})
+	keys := make([]string, racers)
+	answers := make([]response, racers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range racers {
+		keys[i] = newKey()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers[i] = s.book(tokens[i], slotID, keys[i], "")
+		}()
 	}
+	close(start) // every request at once
+	wg.Wait()
+
+	winner, losers := -1, 0
+	for i, r := range answers {
+		switch {
+		case r.Status == http.StatusCreated:
+			if winner >= 0 {
+				t.Fatalf("two winners: %s and %s", answers[winner].Body, r.Body)
+			}
+			winner = i
+		case r.Status == http.StatusConflict && r.problemType() == "slot-taken":
+			losers++
+		default:
+			t.Errorf("racer %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if winner < 0 || losers != racers-1 {
+		t.Fatalf("winner %d, %d slot-taken of %d", winner, losers, racers)
+	}
+	var b bookingJSON
+	answers[winner].JSON(t, &b)
+	if loc := answers[winner].Header.Get("Location"); loc != fmt.Sprintf("/api/v1/bookings/%d", b.ID) || b.Status != "CONFIRMED" {
+		t.Errorf("201: Location %q, %+v", loc, b)
+	}
+
+	// Retries replay: the win, and a loss (the 409 was stored too).
+	assertReplay(t, answers[winner], s.book(tokens[winner], slotID, keys[winner], ""))
+	loser := (winner + 1) % racers
+	assertReplay(t, answers[loser], s.book(tokens[loser], slotID, keys[loser], ""))
+
+	var confirmed int
+	var status string
+	s.DB.Pool.QueryRow(context.Background(), `
+		SELECT count(b.id), s.status
+		  FROM slots s LEFT JOIN bookings b ON b.slot_id = s.id AND b.status = 'CONFIRMED'
+		 WHERE s.id = $1 GROUP BY s.id`, slotID).Scan(&confirmed, &status)
+	if confirmed != 1 || status != "BOOKED" {
+		t.Fatalf("slot %d: %s with %d confirmed bookings", slotID, status, confirmed)
+	}
+	assertInvariant3(t, s.DB)
 }
 
 // The same user double-submits with two different keys (two tabs): one

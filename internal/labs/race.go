@@ -23,7 +23,7 @@ import (
 // The lab works on its own data: schema race_lab (migration 00052) has
 // racers, slots and bookings of the same shape as the business tables, and
 // every connection of a race runs with search_path = race_lab, so the very
-// booking code (slots.Store.Book) books the lab's slots — never a slot of
+// booking code (slots.Store.Book, BookWithRowLock) books the lab's slots — never a slot of
 // the demo week, a customer's booking, or a row of users.
 
 const (
@@ -48,8 +48,8 @@ type RaceRequest struct {
 	// SlotID is the slot to race for; 0 means a fresh slot made for this race.
 	SlotID   int64
 	Racers   int
-	Strategy slots.Strategy
-	// Think widens the window between check and write (BookRequest.Think).
+	Strategy Strategy
+	// Think widens the window between check and write (see book).
 	Think time.Duration
 }
 
@@ -63,7 +63,7 @@ func (r RaceRequest) Validate() error {
 	case r.SlotID < 0:
 		return fmt.Errorf("%w: the slot must be a fresh one or one of the lab's", ErrInvalidRace)
 	}
-	_, err := slots.ParseStrategy(string(r.Strategy))
+	_, err := ParseStrategy(string(r.Strategy))
 	return err
 }
 
@@ -76,11 +76,11 @@ const (
 
 // RacerResult is one racer's attempt.
 type RacerResult struct {
-	Racer     int         `json:"racer"` // 1-based
-	User      string      `json:"user"`
-	Outcome   string      `json:"outcome"`
-	BookingID int64       `json:"booking_id,omitempty"`
-	Trace     slots.Trace `json:"trace"`
+	Racer     int    `json:"racer"` // 1-based
+	User      string `json:"user"`
+	Outcome   string `json:"outcome"`
+	BookingID int64  `json:"booking_id,omitempty"`
+	Trace     Trace  `json:"trace"`
 	// Took is the whole attempt: from the start signal to commit or rollback.
 	Took time.Duration `json:"took_ns"`
 	// Finished is the order in which attempts ended, from 1.
@@ -148,7 +148,7 @@ func NewRaceLab(pool *pgxpool.Pool) *RaceLab {
 // Race runs r: it makes the racers (and a fresh slot if asked), opens one
 // connection per racer, releases every racer at once with close(start),
 // and reports each attempt and invariant 3 afterwards. It returns
-// ErrInvalidRace or slots.ErrUnknownStrategy for a bad request, slots.ErrNotFound for
+// ErrInvalidRace or ErrUnknownStrategy for a bad request, slots.ErrNotFound for
 // an unknown slot.
 //
 // Racers get their own connections, outside the pool, so that they contend
@@ -203,7 +203,7 @@ func (l *RaceLab) Race(ctx context.Context, r RaceRequest) (RaceResult, error) {
 			<-start
 			t0 := time.Now()
 			err := pgx.BeginFunc(ctx, conns[i], func(tx pgx.Tx) error {
-				b, tr, err := store.Book(ctx, tx, slots.BookRequest{Strategy: r.Strategy, SlotID: r.SlotID, UserID: racers[i].id, Think: r.Think})
+				b, tr, err := book(ctx, tx, store, r.Strategy, r.SlotID, racers[i].id, r.Think)
 				rr.Trace, rr.BookingID = tr, b.ID
 				return err
 			})

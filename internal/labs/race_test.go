@@ -16,7 +16,7 @@ import (
 
 func TestRaceLab(t *testing.T) {
 	t.Parallel()
-	for _, strategy := range slots.Strategies {
+	for _, strategy := range labs.Strategies {
 		t.Run(string(strategy), func(t *testing.T) {
 			t.Parallel()
 			db := testdb.New(t)
@@ -33,7 +33,7 @@ func TestRaceLab(t *testing.T) {
 			if res.Slot.Resource != labs.RaceResource || res.Slot.Status != slots.StatusBooked || len(res.Violations) != 0 {
 				t.Fatalf("after the race: %+v, violations %v", res.Slot, res.Violations)
 			}
-			if (strategy == slots.CheckThenInsert) != (res.ConstraintHits > 0) {
+			if (strategy == labs.CheckThenInsert) != (res.ConstraintHits > 0) {
 				t.Errorf("%s: %d constraint hits (%s)", strategy, res.ConstraintHits, res.Verdict())
 			}
 			for i, a := range res.Attempts {
@@ -70,16 +70,16 @@ func TestRaceRequestsOutOfBoundsAreRefused(t *testing.T) {
 	db := testdb.New(t)
 	lab := labs.NewRaceLab(db.Pool)
 	for _, r := range []labs.RaceRequest{
-		{Racers: 1, Strategy: slots.ConditionalUpdate},
-		{Racers: 65, Strategy: slots.ConditionalUpdate},
-		{Racers: 2, Strategy: slots.ConditionalUpdate, Think: time.Second},
+		{Racers: 1, Strategy: labs.ConditionalUpdate},
+		{Racers: 65, Strategy: labs.ConditionalUpdate},
+		{Racers: 2, Strategy: labs.ConditionalUpdate, Think: time.Second},
 		{Racers: 2, Strategy: "optimistic"},
 	} {
-		if _, err := lab.Race(context.Background(), r); !errors.Is(err, labs.ErrInvalidRace) && !errors.Is(err, slots.ErrUnknownStrategy) {
+		if _, err := lab.Race(context.Background(), r); !errors.Is(err, labs.ErrInvalidRace) && !errors.Is(err, labs.ErrUnknownStrategy) {
 			t.Errorf("%+v: %v", r, err)
 		}
 	}
-	if _, err := lab.Race(context.Background(), labs.RaceRequest{SlotID: 999999, Racers: 2, Strategy: slots.ConditionalUpdate}); !errors.Is(err, slots.ErrNotFound) {
+	if _, err := lab.Race(context.Background(), labs.RaceRequest{SlotID: 999999, Racers: 2, Strategy: labs.ConditionalUpdate}); !errors.Is(err, slots.ErrNotFound) {
 		t.Errorf("unknown slot: %v", err)
 	}
 }
@@ -92,7 +92,7 @@ func TestRaceLabNeverTouchesABusinessSlot(t *testing.T) {
 	slotIDs := businessSlots(t, db.Pool, 3)
 	lab := labs.NewRaceLab(db.Pool)
 	for _, id := range slotIDs {
-		if _, err := lab.Race(context.Background(), labs.RaceRequest{SlotID: id, Racers: 2, Strategy: slots.ConditionalUpdate}); !errors.Is(err, slots.ErrNotFound) {
+		if _, err := lab.Race(context.Background(), labs.RaceRequest{SlotID: id, Racers: 2, Strategy: labs.ConditionalUpdate}); !errors.Is(err, slots.ErrNotFound) {
 			t.Errorf("racing for business slot %d: %v, want ErrNotFound", id, err)
 		}
 	}
@@ -132,5 +132,14 @@ func assertNoBusinessSlotBroken(t testing.TB, pool *pgxpool.Pool) {
 	v, err := slots.NewStore(pool).CheckInvariant(context.Background())
 	if err != nil || len(v) != 0 {
 		t.Fatalf("invariant 3: %v %v", v, err)
+	}
+}
+
+func TestParseStrategy(t *testing.T) {
+	if s, err := labs.ParseStrategy(""); err != nil || s != labs.ConditionalUpdate {
+		t.Errorf(`ParseStrategy("") = %v, %v`, s, err)
+	}
+	if _, err := labs.ParseStrategy("optimistic"); !errors.Is(err, labs.ErrUnknownStrategy) {
+		t.Errorf("unknown strategy: %v", err)
 	}
 }

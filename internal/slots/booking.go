@@ -38,8 +38,6 @@ var (
 	ErrBookingNotFound = errors.New("slots: booking not found")
 	// ErrBookingNotConfirmed: the booking was already released.
 	ErrBookingNotConfirmed = errors.New("slots: the booking is no longer confirmed")
-	// ErrUnknownStrategy names a strategy that does not exist.
-	ErrUnknownStrategy = errors.New("slots: unknown booking strategy")
 )
 
 // SlotHeldError is ErrSlotHeld with the hold's intended end.
@@ -97,109 +95,38 @@ func scanBooking(row pgx.Row) (Booking, error) {
 	return b, err
 }
 
-// Strategy is how Book decides who wins a slot. All three are correct in
-// the end — the partial unique index sees to that — but they differ in how
-// they get there and what a loser experiences.
-type Strategy string
-
-const (
-	// ConditionalUpdate: one UPDATE … WHERE status = 'AVAILABLE'. The row
-	// lock it takes serialises racers; a loser re-checks the condition after
-	// the winner commits and updates 0 rows. The default.
-	ConditionalUpdate Strategy = "conditional-update"
-	// SelectForUpdate: lock the row first (SELECT … FOR UPDATE), look,
-	// then write. Pessimistic: racers queue on the lock.
-	SelectForUpdate Strategy = "select-for-update"
-	// CheckThenInsert: the naive read-then-write, kept to show that without
-	// a lock or a condition only the unique index stops a double booking
-	// (its 23505 becomes ErrSlotTaken, never a 500).
-	CheckThenInsert Strategy = "check-then-insert"
-)
-
-// Strategies lists every strategy, default first.
-var Strategies = []Strategy{ConditionalUpdate, SelectForUpdate, CheckThenInsert}
-
-// ParseStrategy returns the strategy named s ("" is the default).
-func ParseStrategy(s string) (Strategy, error) {
-	if s == "" {
-		return ConditionalUpdate, nil
-	}
-	for _, st := range Strategies {
-		if string(st) == s {
-			return st, nil
-		}
-	}
-	return "", fmt.Errorf("%w %q (want conditional-update, select-for-update or check-then-insert)", ErrUnknownStrategy, s)
-}
-
-// Trace is what the database did for one booking attempt, for the race lab.
-type Trace struct {
-	Strategy Strategy `json:"strategy"`
-	// RowsUpdated by the statement that decides (the conditional UPDATE, or
-	// the unconditional one after a check).
-	RowsUpdated int64 `json:"rows_updated"`
-	// Waited is how long the deciding statement took: mostly time spent
-	// waiting for another transaction's row lock or index entry.
-	Waited time.Duration `json:"waited_ns"`
-	// ConstraintHit: the unique index refused a second confirmed booking.
-	ConstraintHit bool `json:"constraint_hit"`
-}
-
-// BookRequest is one attempt to book a slot.
-type BookRequest struct {
-	Strategy Strategy
-	SlotID   int64
-	UserID   int64
-	// Think is a pause between deciding and writing (the race lab's "widen
-	// the window"): it lets a person see check-then-insert race, and
-	// select-for-update make others queue. ConditionalUpdate has no gap to
-	// widen: deciding and writing are one statement.
-	Think time.Duration
-}
-
-// Book gives the slot to the user inside tx, using the request's strategy.
-// It returns the new booking, or ErrSlotTaken, or ErrNotFound for an unknown
-// slot. The caller commits tx — together with the request's idempotency key,
-// so the booking and the stored answer are durable together. On any error
-// the caller must roll tx back.
-func (s *Store) Book(ctx context.Context, tx pgx.Tx, r BookRequest) (Booking, Trace, error) {
-	tr := Trace{Strategy: r.Strategy}
-	var bookingID int64
-	var err error
-	switch r.Strategy {
-	case ConditionalUpdate:
-		bookingID, err = claimConditionally(ctx, tx, r.SlotID, &tr)
-	case SelectForUpdate:
-		bookingID, err = claimWithRowLock(ctx, tx, r.SlotID, r.Think, &tr)
-	case CheckThenInsert:
-		return checkThenInsert(ctx, tx, r.SlotID, r.UserID, r.Think, &tr)
-	default:
-		return Booking{}, tr, fmt.Errorf("%w %q", ErrUnknownStrategy, r.Strategy)
-	}
+// Book gives the slot to the user inside tx: one conditional UPDATE decides
+// who wins (claimConditionally). It returns the new booking, or
+// ErrSlotTaken, ErrSlotInPast, or ErrNotFound for an unknown slot. The
+// caller commits tx — together with the request's idempotency key, so the
+// booking and the stored answer are durable together. On any error the
+// caller must roll tx back.
+func (s *Store) Book(ctx context.Context, tx pgx.Tx, slotID, userID int64) (Booking, error) {
+	bookingID, err := claimConditionally(ctx, tx, slotID)
 	if err != nil {
-		return Booking{}, tr, err
+		return Booking{}, err
 	}
-	b, err := insertBooking(ctx, tx, bookingID, r.SlotID, r.UserID)
-	return b, tr, err
+	return insertBooking(ctx, tx, bookingID, slotID, userID)
 }
 
-// think pauses inside the transaction, on the database, as slow application
-// code between a read and a write would.
-func think(ctx context.Context, tx pgx.Tx, d time.Duration) error {
-	if d <= 0 {
-		return nil
+// BookWithRowLock is Book the pessimistic way: lock the slot's row (SELECT
+// … FOR UPDATE), look, then write. Racers queue on the lock instead of
+// re-checking a condition; the answers are Book's. The app books with
+// Book — one statement decides, no lock is held across a round trip — and
+// this stays as the documented, tested alternative (docs/booking.md; the
+// race lab runs both).
+func (s *Store) BookWithRowLock(ctx context.Context, tx pgx.Tx, slotID, userID int64) (Booking, error) {
+	bookingID, err := claimWithRowLock(ctx, tx, slotID)
+	if err != nil {
+		return Booking{}, err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, d.Seconds()); err != nil {
-		return fmt.Errorf("slots: think: %w", err)
-	}
-	return nil
+	return insertBooking(ctx, tx, bookingID, slotID, userID)
 }
 
 // claimConditionally is the whole contention story in one statement. The
 // booking id is drawn from the bookings sequence in the same UPDATE, so
 // status and booking_id change together (the CHECK demands it).
-func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace) (int64, error) {
-	start := time.Now()
+func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64) (int64, error) {
 	var bookingID int64
 	err := tx.QueryRow(ctx, `
 		UPDATE slots
@@ -210,28 +137,24 @@ func claimConditionally(ctx context.Context, tx pgx.Tx, slotID int64, tr *Trace)
 		   AND deposit_cents IS NULL -- … or it needs a deposit: the deposit saga books it …
 		   AND starts_at > now()     -- … or it has begun: the past is not for sale
 		RETURNING booking_id`, slotID).Scan(&bookingID)
-	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, takenOrMissing(ctx, tx, slotID)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("slots: book: %w", err)
 	}
-	tr.RowsUpdated = 1
 	return bookingID, nil
 }
 
 // claimWithRowLock locks the slot's row, looks, then writes. Racers wait in
 // the SELECT until the holder commits, then see BOOKED.
-func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.Duration, tr *Trace) (int64, error) {
-	start := time.Now()
+func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64) (int64, error) {
 	var st slotState
 	err := tx.QueryRow(ctx, `
 		SELECT status, held_until, deposit_cents IS NOT NULL, starts_at <= now()
 		  FROM slots
 		 WHERE id = $1
 		   FOR UPDATE -- waits while another transaction holds the row`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit, &st.begun)
-	tr.Waited = time.Since(start)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNotFound
 	}
@@ -239,9 +162,6 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 		return 0, fmt.Errorf("slots: book: lock slot: %w", err)
 	}
 	if err := st.refusal(slotID); err != nil {
-		return 0, err
-	}
-	if err := think(ctx, tx, pause); err != nil { // others queue on our lock meanwhile
 		return 0, err
 	}
 	var bookingID int64
@@ -254,67 +174,7 @@ func claimWithRowLock(ctx context.Context, tx pgx.Tx, slotID int64, pause time.D
 	if err != nil {
 		return 0, fmt.Errorf("slots: book: %w", err)
 	}
-	tr.RowsUpdated = 1
 	return bookingID, nil
-}
-
-// checkThenInsert reads without a lock and then writes unconditionally —
-// the classic race. Two racers can both read AVAILABLE; the unique index on
-// confirmed bookings is then all that stops the second.
-func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, pause time.Duration, tr *Trace) (Booking, Trace, error) {
-	var st slotState
-	err := tx.QueryRow(ctx, `
-		SELECT status, held_until, deposit_cents IS NOT NULL, starts_at <= now()
-		  FROM slots
-		 WHERE id = $1 -- no lock: the answer may be stale by the next statement`, slotID).Scan(&st.status, &st.heldUntil, &st.deposit, &st.begun)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Booking{}, *tr, ErrNotFound
-	}
-	if err != nil {
-		return Booking{}, *tr, fmt.Errorf("slots: book: read slot: %w", err)
-	}
-	if err := st.refusal(slotID); err != nil {
-		return Booking{}, *tr, err
-	}
-	if err := think(ctx, tx, pause); err != nil { // others read AVAILABLE meanwhile
-		return Booking{}, *tr, err
-	}
-	// A savepoint around the INSERT: when the unique index refuses it, only
-	// the INSERT is undone, and the caller's transaction can still store the
-	// answer "slot taken" with the request's key.
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return Booking{}, *tr, fmt.Errorf("slots: book: savepoint: %w", err)
-	}
-	start := time.Now()
-	b, err := scanBooking(sp.QueryRow(ctx, `
-		INSERT INTO bookings (slot_id, user_id)
-		VALUES ($1, $2) -- the partial unique index makes a racer wait here, then fail with 23505
-		RETURNING `+bookingColumns, slotID, userID))
-	tr.Waited = time.Since(start)
-	if isUniqueViolation(err) {
-		tr.ConstraintHit = true
-		if err := sp.Rollback(ctx); err != nil {
-			return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
-		}
-		return Booking{}, *tr, ErrSlotTaken
-	}
-	if err != nil {
-		return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
-	}
-	if err := sp.Commit(ctx); err != nil { // releases the savepoint; the caller commits
-		return Booking{}, *tr, fmt.Errorf("slots: book: %w", err)
-	}
-	tag, err := tx.Exec(ctx, `
-		UPDATE slots
-		   SET status = 'BOOKED',
-		       booking_id = $2
-		 WHERE id = $1 -- unconditional: the naive version trusts its earlier read`, slotID, b.ID)
-	if err != nil {
-		return Booking{}, *tr, fmt.Errorf("slots: book: mark slot: %w", err)
-	}
-	tr.RowsUpdated = tag.RowsAffected()
-	return b, *tr, nil
 }
 
 func insertBooking(ctx context.Context, tx pgx.Tx, bookingID, slotID, userID int64) (Booking, error) {

@@ -3,7 +3,6 @@ package slots_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -47,19 +46,32 @@ func fixture(t testing.TB, pool *pgxpool.Pool, nUsers, nSlots int) (users, slotI
 	return users, slotIDs
 }
 
-func book(ctx context.Context, pool *pgxpool.Pool, st *slots.Store, strategy slots.Strategy, slotID, userID int64) (slots.Booking, slots.Trace, error) {
-	return bookThinking(ctx, pool, st, slots.BookRequest{Strategy: strategy, SlotID: slotID, UserID: userID})
+// way is one of the store's two ways to book: Book (the conditional
+// UPDATE, what the app runs) and BookWithRowLock (the documented
+// alternative).
+type way struct {
+	name string
+	book func(*slots.Store) func(ctx context.Context, tx pgx.Tx, slotID, userID int64) (slots.Booking, error)
 }
 
-func bookThinking(ctx context.Context, pool *pgxpool.Pool, st *slots.Store, r slots.BookRequest) (slots.Booking, slots.Trace, error) {
+var ways = []way{
+	{"conditional-update", func(st *slots.Store) func(context.Context, pgx.Tx, int64, int64) (slots.Booking, error) {
+		return st.Book
+	}},
+	{"row-lock", func(st *slots.Store) func(context.Context, pgx.Tx, int64, int64) (slots.Booking, error) {
+		return st.BookWithRowLock
+	}},
+}
+
+// book books slotID for userID in a transaction of its own, w's way.
+func book(ctx context.Context, pool *pgxpool.Pool, st *slots.Store, w way, slotID, userID int64) (slots.Booking, error) {
 	var b slots.Booking
-	var tr slots.Trace
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		b, tr, err = st.Book(ctx, tx, r)
+		b, err = w.book(st)(ctx, tx, slotID, userID)
 		return err
 	})
-	return b, tr, err
+	return b, err
 }
 
 // warmPool opens every connection of the pool before a race, so racers
@@ -101,19 +113,8 @@ func assertSlotInvariant(t testing.TB, pool *pgxpool.Pool) {
 
 func TestManyUsersRaceForOneSlot(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		strategy slots.Strategy
-		think    time.Duration
-	}{
-		{slots.ConditionalUpdate, 0},
-		{slots.SelectForUpdate, 0},
-		{slots.CheckThenInsert, 0},
-		// A pause between check and write lets every racer read AVAILABLE:
-		// only the unique index stands between them and a double booking.
-		{slots.CheckThenInsert, 50 * time.Millisecond},
-	} {
-		strategy := tc.strategy
-		t.Run(fmt.Sprintf("%s/think=%s", strategy, tc.think), func(t *testing.T) {
+	for _, w := range ways {
+		t.Run(w.name, func(t *testing.T) {
 			t.Parallel()
 			db := testdb.New(t)
 			const racers = 64
@@ -125,19 +126,16 @@ func TestManyUsersRaceForOneSlot(t *testing.T) {
 			start := make(chan struct{})
 			var wg sync.WaitGroup
 			var mu sync.Mutex
-			var won, taken, constraintHits int
+			var won, taken int
 			var other []error
 			for i := range racers {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					<-start
-					_, tr, err := bookThinking(ctx, db.Pool, st, slots.BookRequest{Strategy: strategy, SlotID: slotIDs[0], UserID: users[i], Think: tc.think})
+					_, err := book(ctx, db.Pool, st, w, slotIDs[0], users[i])
 					mu.Lock()
 					defer mu.Unlock()
-					if tr.ConstraintHit {
-						constraintHits++
-					}
 					switch {
 					case err == nil:
 						won++
@@ -154,13 +152,6 @@ func TestManyUsersRaceForOneSlot(t *testing.T) {
 			if len(other) > 0 || won != 1 || taken != racers-1 {
 				t.Fatalf("won %d, taken %d, other errors %v", won, taken, other)
 			}
-			if strategy != slots.CheckThenInsert && constraintHits != 0 {
-				t.Errorf("%s leaned on the unique index %d times", strategy, constraintHits)
-			}
-			if tc.think > 0 && constraintHits == 0 {
-				t.Errorf("with a %s window no racer reached the unique index", tc.think)
-			}
-			t.Logf("%s: constraint hits %d", strategy, constraintHits)
 			var confirmed int
 			db.Pool.QueryRow(ctx, `SELECT count(*) FROM bookings WHERE status = 'CONFIRMED'`).Scan(&confirmed)
 			if confirmed != 1 {
@@ -179,11 +170,11 @@ func TestBookReleaseBookAgain(t *testing.T) {
 	st := slots.NewStore(db.Pool)
 	ctx := context.Background()
 
-	b, _, err := book(ctx, db.Pool, st, slots.ConditionalUpdate, slotIDs[0], alice)
+	b, err := book(ctx, db.Pool, st, ways[0], slotIDs[0], alice)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := book(ctx, db.Pool, st, slots.SelectForUpdate, slotIDs[0], bob); !errors.Is(err, slots.ErrSlotTaken) {
+	if _, err := book(ctx, db.Pool, st, ways[1], slotIDs[0], bob); !errors.Is(err, slots.ErrSlotTaken) {
 		t.Fatalf("bob booking a booked slot: %v", err)
 	}
 	release := func(bookingID, userID int64, admin bool) error {
@@ -202,7 +193,7 @@ func TestBookReleaseBookAgain(t *testing.T) {
 		t.Fatalf("releasing twice: %v", err)
 	}
 	assertSlotInvariant(t, db.Pool)
-	b2, _, err := book(ctx, db.Pool, st, slots.CheckThenInsert, slotIDs[0], bob)
+	b2, err := book(ctx, db.Pool, st, ways[1], slotIDs[0], bob)
 	if err != nil || b2.UserID != bob {
 		t.Fatalf("bob after release: %+v %v", b2, err)
 	}
@@ -210,22 +201,10 @@ func TestBookReleaseBookAgain(t *testing.T) {
 		t.Fatalf("admin releasing bob's booking: %v", err)
 	}
 	assertSlotInvariant(t, db.Pool)
-	if _, _, err := book(ctx, db.Pool, st, slots.ConditionalUpdate, 999999, bob); !errors.Is(err, slots.ErrNotFound) {
-		t.Fatalf("unknown slot: %v", err)
-	}
-	for _, s := range slots.Strategies {
-		if _, _, err := book(ctx, db.Pool, st, s, 999999, bob); !errors.Is(err, slots.ErrNotFound) {
-			t.Errorf("%s on unknown slot: %v", s, err)
+	for _, w := range ways {
+		if _, err := book(ctx, db.Pool, st, w, 999999, bob); !errors.Is(err, slots.ErrNotFound) {
+			t.Errorf("%s on unknown slot: %v", w.name, err)
 		}
-	}
-}
-
-func TestParseStrategy(t *testing.T) {
-	if s, err := slots.ParseStrategy(""); err != nil || s != slots.ConditionalUpdate {
-		t.Errorf(`ParseStrategy("") = %v, %v`, s, err)
-	}
-	if _, err := slots.ParseStrategy("optimistic"); !errors.Is(err, slots.ErrUnknownStrategy) {
-		t.Errorf("unknown strategy: %v", err)
 	}
 }
 
@@ -233,8 +212,8 @@ func TestParseStrategy(t *testing.T) {
 // booking attempt; a won slot is released by the next winner's cleanup so
 // the race goes on.
 func BenchmarkBookUnderContention(b *testing.B) {
-	for _, strategy := range slots.Strategies {
-		b.Run(string(strategy), func(b *testing.B) {
+	for _, w := range ways {
+		b.Run(w.name, func(b *testing.B) {
 			db := testdb.New(b)
 			users, slotIDs := fixture(b, db.Pool, 32, 8)
 			st := slots.NewStore(db.Pool)
@@ -254,7 +233,7 @@ func BenchmarkBookUnderContention(b *testing.B) {
 				for pb.Next() {
 					slot := slotIDs[i%len(slotIDs)]
 					i++
-					bk, _, err := book(ctx, db.Pool, st, strategy, slot, user)
+					bk, err := book(ctx, db.Pool, st, w, slot, user)
 					switch {
 					case err == nil:
 						mu.Lock()
@@ -281,7 +260,7 @@ func BenchmarkBookUnderContention(b *testing.B) {
 	}
 }
 
-// A slot that has begun cannot be booked, whichever strategy decides: the
+// A slot that has begun cannot be booked, whichever way decides: the
 // refusal is ErrSlotInPast (not "taken", not "not found") and nothing is
 // written. A slot a minute ahead still can be.
 func TestPastSlotsCannotBeBooked(t *testing.T) {
@@ -298,9 +277,9 @@ func TestPastSlotsCannotBeBooked(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := slots.NewStore(db.Pool)
-	for _, strategy := range slots.Strategies {
-		if _, _, err := book(ctx, db.Pool, st, strategy, ids[0], users[0]); !errors.Is(err, slots.ErrSlotInPast) {
-			t.Errorf("%s: booking a slot that began 5 minutes ago: %v, want ErrSlotInPast", strategy, err)
+	for _, w := range ways {
+		if _, err := book(ctx, db.Pool, st, w, ids[0], users[0]); !errors.Is(err, slots.ErrSlotInPast) {
+			t.Errorf("%s: booking a slot that began 5 minutes ago: %v, want ErrSlotInPast", w.name, err)
 		}
 	}
 	var bookings int
@@ -308,7 +287,7 @@ func TestPastSlotsCannotBeBooked(t *testing.T) {
 	if bookings != 0 {
 		t.Fatalf("%d bookings written for a past slot", bookings)
 	}
-	if _, _, err := book(ctx, db.Pool, st, slots.ConditionalUpdate, ids[1], users[0]); err != nil {
+	if _, err := book(ctx, db.Pool, st, ways[0], ids[1], users[0]); err != nil {
 		t.Fatalf("a slot a minute ahead: %v", err)
 	}
 	assertSlotInvariant(t, db.Pool)

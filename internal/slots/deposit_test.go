@@ -82,7 +82,7 @@ func (s *saga) process(t *testing.T, sw *crash.Switch, timeout, hold time.Durati
 	t.Cleanup(pay.CloseIdleConnections)
 	engine := workflow.NewEngine(s.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: sw, Logger: quiet})
 	d := slots.NewDeposits(engine, pay, hold)
-	return engine, d, slots.NewBooker(s.db.Pool, slots.ConditionalUpdate).WithDeposits(d)
+	return engine, d, slots.NewBooker(s.db.Pool).WithDeposits(d)
 }
 
 func (s *saga) setFault(t *testing.T, change func(*fault.Fault)) {

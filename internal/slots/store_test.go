@@ -36,7 +36,7 @@ func TestListBookingsIsPerUser(t *testing.T) {
 	st := slots.NewStore(db.Pool)
 	ctx := context.Background()
 	for i, slot := range slotIDs {
-		if _, _, err := book(ctx, db.Pool, st, slots.ConditionalUpdate, slot, users[i%2]); err != nil {
+		if _, err := book(ctx, db.Pool, st, ways[0], slot, users[i%2]); err != nil {
 			t.Fatal(err)
 		}
 	}

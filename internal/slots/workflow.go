@@ -18,7 +18,7 @@ import (
 //
 //	BEGIN
 //	  hooks.Begin        the request's Idempotency-Key is claimed
-//	  conditional write  UPDATE slots … WHERE status = 'AVAILABLE' (or its alternatives)
+//	  conditional write  UPDATE slots … WHERE status = 'AVAILABLE'
 //	  events.Write       booking.confirmed / booking.released, into the outbox
 //	  hooks.Finish       the answer — a booking or a refusal — is stored
 //	COMMIT
@@ -27,16 +27,15 @@ import (
 // what this request answered. It has the shape of policies.Canceller, whose
 // work calls another system and therefore commits on each side of the call.
 type Booker struct {
-	pool     *pgxpool.Pool
-	store    *Store
-	strategy Strategy
+	pool  *pgxpool.Pool
+	store *Store
 	// deposits books the slots that need a deposit (nil: such a booking fails).
 	deposits *Deposits
 }
 
-// NewBooker returns a Booker that books with strategy (BOOKING_STRATEGY).
-func NewBooker(pool *pgxpool.Pool, strategy Strategy) *Booker {
-	return &Booker{pool: pool, store: NewStore(pool), strategy: strategy}
+// NewBooker returns a Booker over pool.
+func NewBooker(pool *pgxpool.Pool) *Booker {
+	return &Booker{pool: pool, store: NewStore(pool)}
 }
 
 // WithDeposits makes b hand slots that need a deposit, and bookings paid
@@ -67,8 +66,7 @@ type BookSlot struct {
 // wasted round trip for those slots only.
 func (b *Booker) Book(ctx context.Context, req BookSlot, hooks workflow.Hooks[Booking]) (Booking, error) {
 	bk, err := b.run(ctx, hooks, confirmed, func(tx pgx.Tx) (Booking, error) {
-		bk, _, err := b.store.Book(ctx, tx, BookRequest{Strategy: b.strategy, SlotID: req.SlotID, UserID: req.UserID})
-		return bk, err
+		return b.store.Book(ctx, tx, req.SlotID, req.UserID)
 	})
 	if errors.Is(err, errDepositRequired) && b.deposits != nil {
 		return b.deposits.Book(ctx, req, req.RequestKey, hooks)

@@ -51,7 +51,7 @@ var errorTable = []struct {
 	{slots.ErrBookingNotFound, http.StatusNotFound, "not-found", "Booking not found"},
 	{slots.ErrBookingNotConfirmed, http.StatusConflict, "booking-not-confirmed", "The booking was already released"},
 	{labs.ErrInvalidRace, http.StatusUnprocessableEntity, "validation-failed", "Invalid race"},
-	{slots.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
+	{labs.ErrUnknownStrategy, http.StatusUnprocessableEntity, "validation-failed", "Unknown booking strategy"},
 	{labs.ErrUnknownLab, http.StatusNotFound, "not-found", "Lab not found"},
 	{labs.ErrRunNotFound, http.StatusNotFound, "not-found", "Lab run not found"},
 	{labs.ErrUnavailable, http.StatusServiceUnavailable, "lab-unavailable", "The lab cannot run here"},

@@ -29,7 +29,7 @@ func (app *App) handleLabsPage(c echo.Context) error {
 
 // handleRaceLabPage: GET /labs/race — the race lab's form.
 func (app *App) handleRaceLabPage(c echo.Context) error {
-	lab, err := app.raceLab(c, views.RaceForm{Slot: "fresh", Racers: 16, Strategy: string(app.cfg.BookingStrategy), ThinkMS: 50})
+	lab, err := app.raceLab(c, views.RaceForm{Slot: "fresh", Racers: 16, Strategy: string(labs.ConditionalUpdate), ThinkMS: 50})
 	if err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func (app *App) handleRunRace(c echo.Context) error {
 		switch {
 		case errors.Is(err, slots.ErrNotFound):
 			problem = "Slot (slot): that is not one of the lab's slots; pick a fresh slot or one listed."
-		case errors.Is(err, labs.ErrInvalidRace), errors.Is(err, slots.ErrUnknownStrategy):
+		case errors.Is(err, labs.ErrInvalidRace), errors.Is(err, labs.ErrUnknownStrategy):
 			problem = publicDetail(err)
 		case err != nil:
 			return err
@@ -88,7 +88,7 @@ func parseRace(c echo.Context, form *views.RaceForm) (labs.RaceRequest, string) 
 		return req, fmt.Sprintf("Think time (think_ms): a whole number of milliseconds from 0 to %d.", labs.MaxThink.Milliseconds())
 	}
 	req.Racers, req.Think = form.Racers, time.Duration(form.ThinkMS)*time.Millisecond
-	if req.Strategy, err = slots.ParseStrategy(form.Strategy); err != nil {
+	if req.Strategy, err = labs.ParseStrategy(form.Strategy); err != nil {
 		return req, "Strategy (strategy): pick conditional-update, select-for-update or check-then-insert."
 	}
 	if form.Slot == "" {
@@ -105,7 +105,7 @@ func parseRace(c echo.Context, form *views.RaceForm) (labs.RaceRequest, string) 
 // raceLab fills the lab's view model around form.
 func (app *App) raceLab(c echo.Context, form views.RaceForm) (views.RaceLab, error) {
 	lab := views.RaceLab{Form: form, CSRF: csrfToken(c)}
-	for _, s := range slots.Strategies {
+	for _, s := range labs.Strategies {
 		lab.Strategies = append(lab.Strategies, views.StrategyChoice{Value: string(s), Help: strategyHelp[s]})
 	}
 	recent, err := app.lab.RecentLabSlots(c.Request().Context(), 10)
@@ -120,10 +120,10 @@ func (app *App) raceLab(c echo.Context, form views.RaceForm) (views.RaceLab, err
 	return lab, nil
 }
 
-var strategyHelp = map[slots.Strategy]string{
-	slots.ConditionalUpdate: "one UPDATE … WHERE status = 'AVAILABLE': the row lock orders the racers, losers update 0 rows. The default.",
-	slots.SelectForUpdate:   "lock the row (SELECT … FOR UPDATE), look, then write: racers queue on the lock.",
-	slots.CheckThenInsert:   "read without a lock, then insert: the naive way. Only the unique index stops a double booking.",
+var strategyHelp = map[labs.Strategy]string{
+	labs.ConditionalUpdate: "one UPDATE … WHERE status = 'AVAILABLE': the row lock orders the racers, losers update 0 rows. The default.",
+	labs.SelectForUpdate:   "lock the row (SELECT … FOR UPDATE), look, then write: racers queue on the lock.",
+	labs.CheckThenInsert:   "read without a lock, then insert: the naive way. Only the unique index stops a double booking.",
 }
 
 // raceOutcome turns a race's result into the panel's view model.

@@ -152,8 +152,7 @@ func slotGrids(list []slots.Slot, mineBySlot map[int64]int64, admin bool, now ti
 // booking holds it; held_until says until when) · 404 unknown slot. A slot
 // that needs a deposit answers too: 202 booking PENDING (the deposit's
 // charge unknown: recovery finds out) · 402 deposit-declined (the hold was
-// released). The body is optional and has no fields: the strategy is the
-// server's (BOOKING_STRATEGY).
+// released). The body is optional and has no fields.
 func (app *App) handleBookSlot(c echo.Context) error {
 	var in struct{}
 	if err := decodeOptionalJSON(c, &in); err != nil {

@@ -44,11 +44,10 @@ import (
 // Config is what the HTTP layer needs from the environment (cmd/web reads
 // it; docs/api.md lists the variables).
 type Config struct {
-	InstanceID      string         // INSTANCE_ID: names this replica in pages and timelines
-	BodyLimit       string         // BODY_LIMIT: the largest request body, e.g. 1M
-	TrustedProxies  []*net.IPNet   // TRUSTED_PROXIES: whose X-Forwarded-For/-Proto are believed
-	BookingStrategy slots.Strategy // BOOKING_STRATEGY
-	RateLimits      RateLimits     // RATE_LIMIT_*: per address and per user (ratelimit.go)
+	InstanceID     string       // INSTANCE_ID: names this replica in pages and timelines
+	BodyLimit      string       // BODY_LIMIT: the largest request body, e.g. 1M
+	TrustedProxies []*net.IPNet // TRUSTED_PROXIES: whose X-Forwarded-For/-Proto are believed
+	RateLimits     RateLimits   // RATE_LIMIT_*: per address and per user (ratelimit.go)
 	// DemoMode (DEMO_MODE) enables what only a demo may have: one-click
 	// "sign in as", the data reset and the crash switch (routes.go).
 	DemoMode        bool
@@ -165,7 +164,7 @@ func New(cfg Config, d Deps) *App {
 		users:    users.NewStore(d.Pool),
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
-		booker:   slots.NewBooker(d.Pool, cfg.BookingStrategy).WithDeposits(d.Deposits),
+		booker:   slots.NewBooker(d.Pool).WithDeposits(d.Deposits),
 		lab:      labs.NewRaceLab(d.Pool),
 		labs:     d.Labs,
 
