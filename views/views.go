@@ -58,6 +58,7 @@ var Nav = []NavItem{
 	{"slots", "Slots", "/slots"},
 	{"provider", "Provider", "/provider"},
 	{"payments", "Payments", "/payments"},
+	{"operations", "Operations", "/operations"},
 	{"recovery", "Recovery", "/recovery"},
 	{"events", "Events", "/events"},
 	{"labs", "Labs", "/labs"},

@@ -213,14 +213,14 @@ func TestBrowserEveryPageSaysWhatToTryAndFitsAPhone(t *testing.T) {
 		intro bool
 	}{
 		{"/policies", true}, {"/slots", true}, {"/labs", true}, {"/labs/race", true}, {lab, true},
-		{"/recovery", true}, {"/events", true}, {operation, true}, {"/", false},
+		{"/recovery", true}, {"/events", true}, {"/operations", true}, {operation, true}, {"/", false},
 	}
 	for _, as := range []string{"alice", "admin"} {
 		if as == "admin" {
 			pages = []struct {
 				path  string
 				intro bool
-			}{{"/provider", true}, {"/payments", true}, {"/recovery", true}, {"/reconciliation", true}, {"/events", true},
+			}{{"/provider", true}, {"/payments", true}, {"/recovery", true}, {"/operations", true}, {"/reconciliation", true}, {"/events", true},
 				{operation, true}, {"/admin/demo", true}, {"/no-such-page", false}}
 			if err := chromedp.Run(b, chromedp.EmulateViewport(1280, 900),
 				chromedp.Click(`[data-testid="switch-admin"]`, chromedp.ByQuery),

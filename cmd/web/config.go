@@ -80,7 +80,9 @@ type config struct {
 
 	IdempotencyLease time.Duration // IDEMPOTENCY_LEASE: how long a request owns its key
 	IdempotencyTTL   time.Duration // IDEMPOTENCY_TTL: how long completed keys are replayed
-	OperationLease   time.Duration // OPERATION_LEASE: how long a request owns its operation
+	// OPERATIONS_RETENTION: how long finished operations are kept (internal/operations)
+	OperationsRetention time.Duration
+	OperationLease      time.Duration // OPERATION_LEASE: how long a request owns its operation
 
 	// CrashAt makes the process die at a point of the cancellation
 	// (CRASH_AT=after_claim|after_provider_call|after_commit); CrashMode is
@@ -171,6 +173,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.IdempotencyLease, err = durationEnv(getenv, "IDEMPOTENCY_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.OperationsRetention, err = durationEnv(getenv, "OPERATIONS_RETENTION", 30*24*time.Hour); err != nil {
 		return c, err
 	}
 	if c.IdempotencyTTL, err = durationEnv(getenv, "IDEMPOTENCY_TTL", 24*time.Hour); err != nil {

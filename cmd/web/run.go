@@ -22,6 +22,7 @@ import (
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/labs"
+	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -139,6 +140,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	if err != nil {
 		return err
 	}
+	// Requests that wait for an outcome (Prefer: wait=N) are woken by one
+	// LISTEN connection per process.
+	waiter := operations.NewWaiter(pool, logger)
 	app := web.New(webConfig(cfg), web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,
@@ -150,6 +154,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Canceller:       wf.canceller,
 		Deposits:        wf.deposits,
 		Engine:          wf.engine,
+		Waiter:          waiter,
 		Recovery:        wf.recovery,
 		Crash:           crashes,
 		Provider:        ext.provider,
@@ -178,6 +183,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// Operations a timeout or a crash left IN_PROGRESS are finished here,
 	// by whichever instance claims them first.
 	bg.start(wf.recovery.Run)
+	bg.start(waiter.Run)
+	// Finished operations, with their steps, calls, timeline and decisions,
+	// are kept for OPERATIONS_RETENTION, then purged.
+	bg.start(operations.NewJanitor(pool, operations.JanitorConfig{Retention: cfg.OperationsRetention, Logger: logger}).Run)
 	// Events: the relay and one instance of each consumer, on
 	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
 	if cfg.Events.Workers {
@@ -189,16 +198,17 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 // webConfig is the part of the configuration the HTTP layer reads.
 func webConfig(cfg config) web.Config {
 	return web.Config{
-		InstanceID:      cfg.InstanceID,
-		BodyLimit:       cfg.BodyLimit,
-		TrustedProxies:  cfg.TrustedProxies,
-		RateLimits:      cfg.RateLimits,
-		DemoMode:        cfg.DemoMode,
-		OperationLease:  cfg.OperationLease,
-		ProviderTimeout: cfg.ProviderTimeout,
-		PaymentsTimeout: cfg.PaymentsTimeout,
-		EventsWindow:    cfg.Events.DuplicateWindow,
-		TasksWindow:     cfg.Events.Tasks.DedupeWindow,
+		InstanceID:          cfg.InstanceID,
+		BodyLimit:           cfg.BodyLimit,
+		TrustedProxies:      cfg.TrustedProxies,
+		RateLimits:          cfg.RateLimits,
+		DemoMode:            cfg.DemoMode,
+		OperationLease:      cfg.OperationLease,
+		OperationsRetention: cfg.OperationsRetention,
+		ProviderTimeout:     cfg.ProviderTimeout,
+		PaymentsTimeout:     cfg.PaymentsTimeout,
+		EventsWindow:        cfg.Events.DuplicateWindow,
+		TasksWindow:         cfg.Events.Tasks.DedupeWindow,
 	}
 }
 

@@ -84,6 +84,11 @@ type Options struct {
 	StaleAfter time.Duration
 	// MaxIDs bounds the ids listed per violation. Default 100.
 	MaxIDs int
+	// Retention is OPERATIONS_RETENTION: an operation finished longer ago
+	// may have been purged with its steps, so a policy CANCELLED before then
+	// has no evidence left to check invariant 4 against (its provider
+	// effect and refund still count for 1 and 7). Zero: nothing is purged.
+	Retention time.Duration
 }
 
 // check is one invariant: a query returning the ids of offending rows.
@@ -131,22 +136,6 @@ var checks = []check{
 		  JOIN slots s ON s.id = b.slot_id
 		 WHERE b.status = 'CONFIRMED'
 		   AND (s.status <> 'BOOKED' OR s.booking_id IS DISTINCT FROM b.id)`, ""},
-	// The cancellation's steps of the operation's current run, by name.
-	// "Exactly when", both sides in one pass: the CANCELLED policies and
-	// the policies whose cancellation did mark_cancelled, and whatever is
-	// on one side only.
-	{4, "a policy CANCELLED without its cancellation's mark_cancelled DONE, or the other way round", `
-		SELECT coalesce(p.id, m.policy_id)
-		  FROM (SELECT id FROM policies WHERE status = 'CANCELLED') p
-		  FULL JOIN (SELECT o.policy_id
-		               FROM operation_steps s
-		               JOIN operations o ON o.id = s.operation_id AND o.run = s.run
-		              WHERE s.name = 'mark_cancelled'
-		                AND s.state = 'DONE'
-		                AND o.operation_type = 'CANCEL') m
-		    ON m.policy_id = p.id
-		 WHERE p.id IS NULL
-		    OR m.policy_id IS NULL`, ""},
 	{4, "a provider_cancel DONE that the provider does not report COMPLETED", `
 		SELECT s.operation_id
 		  FROM operation_steps s
@@ -308,6 +297,15 @@ func Check(ctx context.Context, db database.DBTX, opts Options) (Report, error) 
 			r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Detail: c.detail, IDs: ids})
 		}
 	}
+	ids, err := collectIDs(ctx, db, cancelledCheck, opts.MaxIDs, opts.Retention.Seconds())
+	if err != nil {
+		return Report{}, fmt.Errorf("invariants: 4: %w", err)
+	}
+	if len(ids) > 0 {
+		r.OK = false
+		r.Violations = append(r.Violations, Violation{Invariant: 4,
+			Detail: "a policy CANCELLED without its cancellation's mark_cancelled DONE, or the other way round", IDs: ids})
+	}
 	if opts.StaleAfter > 0 {
 		ids, err := collectIDs(ctx, db, staleCheck, opts.MaxIDs, opts.StaleAfter.Seconds())
 		if err != nil {
@@ -325,6 +323,28 @@ func Check(ctx context.Context, db database.DBTX, opts Options) (Report, error) 
 	r.Counts, err = count(ctx, db)
 	return r, err
 }
+
+// cancelledCheck is invariant 4 from both sides: the CANCELLED policies and
+// the policies whose cancellation (the steps of the operation's current
+// run, by name) did mark_cancelled, and whatever is on one side only. $1 is
+// Options.Retention in seconds: a policy cancelled before it may have lost
+// its operation to the retention janitor.
+const cancelledCheck = `
+		SELECT coalesce(p.id, m.policy_id)
+		  FROM (SELECT id
+		          FROM policies
+		         WHERE status = 'CANCELLED'
+		           -- cancelled before the retention: its operation may be purged
+		           AND ($1 = 0 OR updated_at >= now() - make_interval(secs => $1))) p
+		  FULL JOIN (SELECT o.policy_id
+		               FROM operation_steps s
+		               JOIN operations o ON o.id = s.operation_id AND o.run = s.run
+		              WHERE s.name = 'mark_cancelled'
+		                AND s.state = 'DONE'
+		                AND o.operation_type = 'CANCEL') m
+		    ON m.policy_id = p.id
+		 WHERE p.id IS NULL
+		    OR m.policy_id IS NULL`
 
 // validGuards returns which of the checks' guards exist and are valid:
 // validated constraints, and unique indexes that are valid.

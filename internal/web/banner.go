@@ -40,7 +40,7 @@ func (app *App) brokenNow(ctx context.Context) []string {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	r, err := invariants.Check(ctx, app.pool, invariants.Options{StaleAfter: app.staleAfter(), MaxIDs: 5})
+	r, err := invariants.Check(ctx, app.pool, invariants.Options{StaleAfter: app.staleAfter(), MaxIDs: 5, Retention: app.cfg.OperationsRetention})
 	b.checked = time.Now()
 	if err != nil {
 		logFrom(ctx).Warn("invariants banner: check failed", "err", err)

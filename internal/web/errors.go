@@ -116,7 +116,8 @@ func enrich(p *problem.Problem, err error) *problem.Problem {
 	var dup *policies.DuplicateIntentError
 	if errors.As(err, &dup) {
 		p.With("operation_id", dup.OperationID).With("operation_status", dup.Status).
-			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", dup.OperationID))
+			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", dup.OperationID)).
+			With("rule", reuseRule(dup.Status))
 	}
 	return p
 }
@@ -175,4 +176,16 @@ func (app *App) handleError(err error, c echo.Context) {
 
 func isAPI(c echo.Context) bool {
 	return strings.HasPrefix(c.Request().URL.Path, "/api/")
+}
+
+// reuseRule names which half of the reuse policy refused a second intent
+// (docs/workflows.md, "The reuse policy, named"): the existing operation is
+// not finished (conflict-fail: a running one is never started twice), or
+// it SUCCEEDED (reuse-failed-only: a finished one runs again only if it
+// FAILED).
+func reuseRule(existingStatus string) string {
+	if existingStatus == workflow.StatusSucceeded {
+		return "reuse-failed-only"
+	}
+	return "conflict-fail"
 }

@@ -163,7 +163,7 @@ func (app *App) handleInvariants(c echo.Context) error {
 		}
 		staleAfter = d
 	}
-	r, err := invariants.Check(c.Request().Context(), app.pool, invariants.Options{StaleAfter: staleAfter})
+	r, err := invariants.Check(c.Request().Context(), app.pool, invariants.Options{StaleAfter: staleAfter, Retention: app.cfg.OperationsRetention})
 	if err != nil {
 		return err
 	}

@@ -100,11 +100,18 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 	return v, nil
 }
 
-// handleGetOperation: GET /api/v1/operations/:id
+// handleGetOperation: GET /api/v1/operations/:id. With Prefer: wait=N it
+// first waits up to N seconds for the operation to become final (wait.go).
 func (app *App) handleGetOperation(c echo.Context) error {
-	v, err := app.loadOperation(c.Request().Context(), c)
+	ctx := c.Request().Context()
+	v, err := app.loadOperation(ctx, c)
 	if err != nil {
-		return err
+		return err // 404 before any wait: nobody waits on what they may not see
+	}
+	if !v.Terminal() && app.waitFor(c, v.ID) {
+		if v, err = app.loadOperation(ctx, c); err != nil {
+			return err
+		}
 	}
 	return c.JSON(http.StatusOK, v)
 }

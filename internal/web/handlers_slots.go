@@ -192,6 +192,10 @@ func bookingAnswer(c echo.Context, b slots.Booking, done int) (idempotency.Respo
 	}
 	resp, err := idempotency.JSONResponse(status, b)
 	resp.Header.Set(echo.HeaderLocation, bookingURL(b.ID))
+	if status == http.StatusAccepted {
+		// the operation to watch for the outcome (wait.go)
+		resp.Header.Set("Link", monitorLink(b.Operation.ID))
+	}
 	return resp, err
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/labs"
+	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -50,12 +51,15 @@ type Config struct {
 	RateLimits     RateLimits   // RATE_LIMIT_*: per address and per user (ratelimit.go)
 	// DemoMode (DEMO_MODE) enables what only a demo may have: one-click
 	// "sign in as", the data reset and the crash switch (routes.go).
-	DemoMode        bool
-	OperationLease  time.Duration // OPERATION_LEASE: bounds invariant 6 by default
-	ProviderTimeout time.Duration // PROVIDER_TIMEOUT: shown on the provider page
-	PaymentsTimeout time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
-	EventsWindow    time.Duration // EVENTS_DUPLICATE_WINDOW: shown on the Events page
-	TasksWindow     time.Duration // TASKS_DEDUPE_WINDOW: shown on the Events page
+	DemoMode       bool
+	OperationLease time.Duration // OPERATION_LEASE: bounds invariant 6 by default
+	// OPERATIONS_RETENTION: invariant 4 cannot speak for policies cancelled
+	// before it (their operations may be purged)
+	OperationsRetention time.Duration
+	ProviderTimeout     time.Duration // PROVIDER_TIMEOUT: shown on the provider page
+	PaymentsTimeout     time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
+	EventsWindow        time.Duration // EVENTS_DUPLICATE_WINDOW: shown on the Events page
+	TasksWindow         time.Duration // TASKS_DEDUPE_WINDOW: shown on the Events page
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per
@@ -73,6 +77,9 @@ type Deps struct {
 	// Deposits runs the deposit saga (slots that need a deposit).
 	Deposits *slots.Deposits
 	Engine   *workflow.Engine // runs every workflow; reads operations for the pages
+	// Waiter wakes requests that wait for an outcome (Prefer: wait=N); nil
+	// answers at once.
+	Waiter   *operations.Waiter
 	Recovery *recovery.Loop
 	Crash    *crash.Switch
 
@@ -127,6 +134,7 @@ type App struct {
 	canceller   *policies.Canceller
 	engine      *workflow.Engine
 	desk        *reconciliation.Desk
+	waiter      *operations.Waiter
 	crash       *crash.Switch
 	recovery    *recovery.Loop
 
@@ -177,6 +185,7 @@ func New(cfg Config, d Deps) *App {
 		canceller:   d.Canceller,
 		engine:      d.Engine,
 		desk:        reconciliation.New(d.Pool, d.Engine),
+		waiter:      d.Waiter,
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/operations"
+	"github.com/idemlab/idemlab/internal/provider/fake"
+)
+
+type operationsListJSON struct {
+	Items []struct {
+		ID     int64  `json:"id"`
+		Kind   string `json:"operation_type"`
+		User   string `json:"user"`
+		Status string `json:"status"`
+		URL    string `json:"url"`
+	} `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+	Counts     []struct {
+		Status string `json:"status"`
+		Count  int    `json:"count"`
+	} `json:"counts"`
+}
+
+// A keyed POST whose outcome is unknown, sent with Prefer: wait=N, answers
+// once recovery has finished the operation: its stored 202 and body, byte
+// for byte as every replay, and the operation's final status in a header.
+// The list shows the operation to its owner and the admin, not to others.
+func TestWaitForAnOutcomeAndListOperations(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"PROVIDER_TIMEOUT": "500ms", "RECOVERY_INTERVAL": "200ms"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeLostResponse })
+	pid := s.policyOf(t, "demo-alice", 0)
+
+	req := cancelReq(pid, "demo-alice", "wait-1", `{"reason":"moving"}`)
+	req.Header["Prefer"] = "wait=20"
+	start := time.Now()
+	first := s.do(req)
+	if first.Status != 202 {
+		t.Fatalf("POST cancel: %d %s, want 202", first.Status, first.Body)
+	}
+	if got := first.Header.Get("Operation-Status"); got != "SUCCEEDED" {
+		t.Fatalf("Operation-Status %q after %v, want SUCCEEDED (recovery finishes it within the wait)", got, time.Since(start))
+	}
+	if got := first.Header.Get("Preference-Applied"); got != "wait=20" {
+		t.Errorf("Preference-Applied %q, want wait=20", got)
+	}
+	var op operationJSON
+	first.JSON(t, &op)
+	if op.Status != "IN_PROGRESS" {
+		t.Errorf("the stored body says %s, want IN_PROGRESS (the answer the request committed)", op.Status)
+	}
+
+	// A replay, without waiting: the same status and bytes, the state now.
+	delete(req.Header, "Prefer")
+	again := s.do(req)
+	if again.Status != 202 || !bytes.Equal(again.Body, first.Body) || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %d %s, first %d %s", again.Status, again.Body, first.Status, first.Body)
+	}
+	if got := again.Header.Get("Operation-Status"); got != "SUCCEEDED" || again.Header.Get("Preference-Applied") != "" {
+		t.Errorf("replay: Operation-Status %q, Preference-Applied %q", got, again.Header.Get("Preference-Applied"))
+	}
+
+	// Waiting on a live operation runs out and says where it stands.
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeSlow; f.SlowMS = 60000 })
+	bobs := s.policyOf(t, "demo-bob", 0)
+	r := s.do(cancelReq(bobs, "demo-bob", "wait-2", ""))
+	var live operationJSON
+	r.JSON(t, &live)
+	get := request{Method: "GET", Path: fmt.Sprintf("/api/v1/operations/%d", live.ID), Token: "demo-bob",
+		Header: map[string]string{"Prefer": "respond-async, wait=1"}}
+	start = time.Now()
+	g := s.do(get)
+	g.JSON(t, &live)
+	if g.Status != 200 || live.Status == "SUCCEEDED" || time.Since(start) < time.Second || g.Header.Get("Preference-Applied") != "wait=1" {
+		t.Errorf("GET with wait=1: %d %s after %v, Preference-Applied %q", g.Status, live.Status, time.Since(start), g.Header.Get("Preference-Applied"))
+	}
+	// Someone else's operation: 404 at once, no wait.
+	get.Token = "demo-alice"
+	if g := s.do(get); g.Status != 404 || g.Header.Get("Preference-Applied") != "" {
+		t.Errorf("alice waiting on bob's operation: %d, Preference-Applied %q", g.Status, g.Header.Get("Preference-Applied"))
+	}
+
+	// The list: each customer their own, the admin everyone's.
+	for token, want := range map[string]int{"demo-alice": 1, "demo-bob": 1, "demo-admin": 2} {
+		var list operationsListJSON
+		s.do(request{Method: "GET", Path: "/api/v1/operations", Token: token}).JSON(t, &list)
+		if len(list.Items) != want {
+			t.Errorf("%s lists %d operations, want %d", token, len(list.Items), want)
+		}
+		if len(list.Counts) != 5 {
+			t.Errorf("%s: counts %+v", token, list.Counts)
+		}
+	}
+	var succeeded operationsListJSON
+	s.do(request{Method: "GET", Path: "/api/v1/operations?status=SUCCEEDED&kind=CANCEL&user=alice", Token: "demo-admin"}).JSON(t, &succeeded)
+	if len(succeeded.Items) != 1 || succeeded.Items[0].ID != op.ID || succeeded.Items[0].URL != fmt.Sprintf("/api/v1/operations/%d", op.ID) {
+		t.Errorf("SUCCEEDED cancellations of alice: %+v", succeeded.Items)
+	}
+	for _, q := range []string{"status=DONE", "kind=REFUND", "since=yesterday", "waiting_on=Provider!", "limit=0"} {
+		if r := s.do(request{Method: "GET", Path: "/api/v1/operations?" + q, Token: "demo-admin"}); r.Status != 400 || r.problemType() != "invalid-parameter" {
+			t.Errorf("?%s: %d %s, want 400 invalid-parameter", q, r.Status, r.Body)
+		}
+	}
+}
+
+// Retention purges a SUCCEEDED cancellation with everything hanging from
+// it. What still stops a second cancellation of the policy is the policy's
+// own status: the cancellation's INSERT takes only an ACTIVE policy, so a
+// new key finds no such policy (404) — UNIQUE(policy_id, operation_type)
+// has no row left to conflict with. The provider is never called again.
+func TestAPurgedCancellationStaysCancelled(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	ctx := context.Background()
+	pid := s.policyOf(t, "demo-alice", 0)
+	if r := s.do(cancelReq(pid, "demo-alice", "purge-1", "")); r.Status != 200 {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	// Before the purge, the business identity answers a new key, and says
+	// which rule refused it: a SUCCEEDED operation never runs again.
+	dup := s.do(cancelReq(pid, "demo-alice", "purge-dup", ""))
+	var refusal struct {
+		Type string `json:"type"`
+		Rule string `json:"rule"`
+	}
+	dup.JSON(t, &refusal)
+	if dup.Status != 409 || refusal.Type != "duplicate-intent" || refusal.Rule != "reuse-failed-only" {
+		t.Fatalf("a second key before the purge: %d %s, want 409 duplicate-intent, rule reuse-failed-only", dup.Status, dup.Body)
+	}
+	// A month and a day pass.
+	for _, q := range []string{
+		`UPDATE operations SET finished_at = finished_at - interval '31 days' WHERE policy_id = $1`,
+		`UPDATE policies SET updated_at = updated_at - interval '31 days' WHERE id = $1`,
+	} {
+		if _, err := s.DB.Pool.Exec(ctx, q, pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	purged, err := operations.NewJanitor(s.DB.Pool, operations.JanitorConfig{}).RunOnce(ctx)
+	if err != nil || purged != 1 {
+		t.Fatalf("janitor: purged %d, %v; want the one cancellation", purged, err)
+	}
+	r := s.do(cancelReq(pid, "demo-alice", "purge-2", ""))
+	if r.Status != 404 {
+		t.Fatalf("a second cancellation after the purge: %d %s, want 404 (no ACTIVE policy)", r.Status, r.Body)
+	}
+	if n := s.effects(t, pid); n != 1 {
+		t.Errorf("provider effects %d, want 1", n)
+	}
+	var pol policyJSON
+	s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/policies/%d", pid), Token: "demo-alice"}).JSON(t, &pol)
+	if pol.Status != "CANCELLED" {
+		t.Errorf("policy %s, want CANCELLED", pol.Status)
+	}
+	// Invariant 4 speaks only for policies cancelled within the retention:
+	// older ones have no operation left to check against.
+	rep, err := invariants.Check(ctx, s.DB.Pool, invariants.Options{Retention: 30 * 24 * time.Hour})
+	if err != nil || !rep.OK {
+		t.Errorf("invariants with the retention: %v %+v", err, rep.Violations)
+	}
+	if rep, _ := invariants.Check(ctx, s.DB.Pool, invariants.Options{}); rep.OK {
+		t.Errorf("invariants without a retention hold for a CANCELLED policy with no cancellation left")
+	}
+}

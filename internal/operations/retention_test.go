@@ -1,0 +1,84 @@
+package operations_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemlab/idemlab/internal/operations"
+	"github.com/idemlab/idemlab/internal/testdb"
+)
+
+// The janitor purges operations finished longer ago than the retention,
+// with their steps, calls, timeline, decisions and audit lines, in batches
+// — and never a live operation, one waiting for a person, or the charge of
+// a booking that stands.
+func TestJanitorPurgesFinishedOperationsOnly(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	seed(t, db, 25, fiveStatuses) // 10 SUCCEEDED, 5 FAILED, 5 IN_PROGRESS, 5 NEEDS_RECONCILIATION
+	if _, err := db.Pool.Exec(ctx, `
+		UPDATE operations SET finished_at = timestamptz '2026-01-01' WHERE id <= 20 AND finished_at IS NOT NULL;
+		UPDATE operations SET finished_at = timestamptz '2026-01-20' WHERE id > 20 AND finished_at IS NOT NULL;
+		INSERT INTO operation_events (operation_id, to_status, actor) SELECT id, status, 'test' FROM operations;
+		INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, attempt, deadline_at, request)
+		SELECT id, id || ':provider_cancel', 'call', 'provider', 'test', 1, now(), '{}' FROM operations;
+		INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, outcome)
+		SELECT operation_id, step_key, 'answer', id, 'provider', 'test', 'confirmed' FROM operation_calls;
+		INSERT INTO reconciliation_decisions (operation_id, step_key, decided_by, actor, decision, seen_updated_at, truth_seen, truth_call_id)
+		SELECT id, id || ':provider_cancel', 'admin', 'test', 'retry', now(), 'UNKNOWN', (SELECT min(c.id) FROM operation_calls c WHERE c.operation_id = o.id)
+		  FROM operations o;
+		INSERT INTO audit_entries (operation_id, step_key, actor, summary, facts)
+		SELECT id, id || ':mark_cancelled', 'test', 'done', '{}' FROM operations WHERE status = 'SUCCEEDED';`); err != nil {
+		t.Fatal(err)
+	}
+	count := func(table string) (n int) {
+		t.Helper()
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// 31 days after 2026-01-01, with a 30-day retention: operations 1–20
+	// that finished (SUCCEEDED, FAILED) are due; 21–25 finished later.
+	j := operations.NewJanitor(db.Pool, operations.JanitorConfig{
+		Retention: 30 * 24 * time.Hour, BatchSize: 4,
+		Now: func() time.Time { return time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC) },
+	})
+	purged, err := j.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if purged != 12 {
+		t.Fatalf("purged %d operations, want the 12 finished ones among 1–20", purged)
+	}
+	var left []string
+	rows, _ := db.Pool.Query(ctx, `SELECT status FROM operations WHERE id <= 20 ORDER BY id`)
+	for rows.Next() {
+		var s string
+		rows.Scan(&s)
+		left = append(left, s)
+	}
+	for _, s := range left {
+		if s == "SUCCEEDED" || s == "FAILED" {
+			t.Errorf("a finished operation due for purging is left: %v", left)
+			break
+		}
+	}
+	if len(left) != 8 || count("operations") != 13 {
+		t.Errorf("left %v among 1–20 and %d in all, want the 8 live or waiting ones and 13", left, count("operations"))
+	}
+	for table, want := range map[string]int{
+		"operation_steps": 13 * 3, "operation_events": 13, "operation_calls": 13 * 2,
+		"reconciliation_decisions": 13, "audit_entries": 2, // operations 24 and 25, SUCCEEDED within the retention
+	} {
+		if n := count(table); n != want {
+			t.Errorf("%s: %d rows left, want %d (those of the operations kept)", table, n, want)
+		}
+	}
+	if again, _ := j.RunOnce(ctx); again != 0 {
+		t.Errorf("a second run purged %d more", again)
+	}
+}
