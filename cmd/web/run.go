@@ -141,8 +141,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		return err
 	}
 	// Requests that wait for an outcome (Prefer: wait=N) are woken by one
-	// LISTEN connection per process.
-	waiter := operations.NewWaiter(pool, logger)
+	// LISTEN connection per process, to the database itself.
+	waiter := operations.NewWaiter(pool, direct.Config().ConnConfig, logger)
 	app := web.New(webConfig(cfg), web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,

@@ -17,7 +17,7 @@ import (
 
 // FinalChannel is the channel the operations_notify_final trigger notifies,
 // with the operation's id as payload, in the transaction that makes an
-// operation SUCCEEDED, FAILED or NEEDS_RECONCILIATION (migration 00111).
+// operation SUCCEEDED, FAILED or NEEDS_RECONCILIATION (migration 00131).
 // The notification is delivered when — and only if — that transaction
 // commits.
 const FinalChannel = "operation_final"
@@ -31,17 +31,21 @@ const MaxWait = 30 * time.Second
 // operation's status once when it starts and once each time it is woken,
 // never on a timer.
 type Waiter struct {
-	pool   *pgxpool.Pool
-	logger *slog.Logger
+	pool     *pgxpool.Pool
+	listenTo *pgx.ConnConfig
+	logger   *slog.Logger
 
 	mu      sync.Mutex
 	waiting map[int64]map[chan struct{}]struct{}
 	closed  bool
 }
 
-// NewWaiter returns a Waiter over pool; it listens once Run is started.
-func NewWaiter(pool *pgxpool.Pool, logger *slog.Logger) *Waiter {
-	return &Waiter{pool: pool, logger: logger, waiting: map[int64]map[chan struct{}]struct{}{}}
+// NewWaiter returns a Waiter that reads statuses over pool and, once Run is
+// started, listens on a connection of its own made with listen: the
+// database itself, not a pooler in transaction mode, which would hand the
+// LISTEN's session to someone else (DATABASE_DIRECT_URL).
+func NewWaiter(pool *pgxpool.Pool, listen *pgx.ConnConfig, logger *slog.Logger) *Waiter {
+	return &Waiter{pool: pool, listenTo: listen, logger: logger, waiting: map[int64]map[chan struct{}]struct{}{}}
 }
 
 // Run holds the LISTEN connection until ctx is done, reconnecting after a
@@ -63,7 +67,7 @@ func (w *Waiter) Run(ctx context.Context) {
 
 func (w *Waiter) listen(ctx context.Context) error {
 	// Its own connection, outside the pool: it is held for the process's life.
-	conn, err := pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(ctx, w.listenTo.Copy())
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ func TestWaitWakesOnTheCommitThatMakesAnOperationFinal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	seed(t, db, 3, `'IN_PROGRESS'`)
-	w := operations.NewWaiter(db.Pool, slog.Default())
+	w := operations.NewWaiter(db.Pool, db.Pool.Config().ConnConfig, slog.Default())
 	go w.Run(ctx)
 
 	// Operation 1 ends while two requests wait on it; both wake at once.
