@@ -33,6 +33,7 @@ type eventsConfig struct {
 	Stream, Subject string
 	DuplicateWindow time.Duration // EVENTS_DUPLICATE_WINDOW: JetStream's Nats-Msg-Id memory
 	AckWait         time.Duration // EVENTS_ACK_WAIT: JetStream's (and River's rescue) ack deadline
+	Replicas        int           // EVENTS_REPLICAS: servers of a JetStream cluster keeping the stream (1 or 3, 5)
 	RelayInterval   time.Duration // EVENTS_RELAY_INTERVAL: the relay's poll
 	RelayLease      time.Duration // EVENTS_RELAY_LEASE: how long a claim keeps other relays off its rows
 	MaxAttempts     int           // EVENTS_MAX_ATTEMPTS: failed publishes before DEAD
@@ -107,6 +108,14 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		return ec, err
 	}
 	ec.MaxAttempts = int(n)
+	r, err := intEnv(getenv, "EVENTS_REPLICAS", 1)
+	if err == nil && (r < 1 || r > 5) {
+		err = fmt.Errorf("EVENTS_REPLICAS: %d is not from 1 to 5 (JetStream's limit)", r)
+	}
+	if err != nil {
+		return ec, err
+	}
+	ec.Replicas = int(r)
 	p, err := intEnv(getenv, "EVENTS_KAFKA_PARTITIONS", 4)
 	if err == nil && (p < 1 || p > 1000) {
 		err = fmt.Errorf("EVENTS_KAFKA_PARTITIONS: %d is not from 1 to 1000", p)
@@ -268,7 +277,7 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 	var js *events.NATS
 	for js == nil {
 		js, err = events.NewNATS(ctx, nc, events.NATSConfig{Stream: er.cfg.Stream, Subject: er.cfg.Subject,
-			DuplicateWindow: er.cfg.DuplicateWindow, AckWait: er.cfg.AckWait})
+			DuplicateWindow: er.cfg.DuplicateWindow, AckWait: er.cfg.AckWait, Replicas: er.cfg.Replicas})
 		if err != nil {
 			er.logger.Warn("events: NATS stream not ready; the outbox keeps the events meanwhile", "err", err)
 			if !sleepCtx(ctx, 2*time.Second) {

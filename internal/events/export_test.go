@@ -14,3 +14,15 @@ func (r *Relay) Purge(ctx context.Context, at time.Time) (int, error) { return r
 func (c *NATSConsumer) RunOnce(ctx context.Context) (int, error) { return c.runOnce(ctx) }
 
 func (c *KafkaConsumer) RunOnce(ctx context.Context) (int, error) { return c.runOnce(ctx) }
+
+// StreamLeader names the server that leads the stream (in a cluster).
+func (n *NATS) StreamLeader(ctx context.Context) (string, error) {
+	info, err := n.stream.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Cluster == nil {
+		return "", nil
+	}
+	return info.Cluster.Leader, nil
+}

@@ -33,6 +33,11 @@ type NATSConfig struct {
 	MaxAge time.Duration
 	// PublishTimeout bounds the wait for one batch's acks. Default 5s.
 	PublishTimeout time.Duration
+	// Replicas is how many servers of a JetStream cluster keep the stream
+	// and its consumers (EVENTS_REPLICAS). A publish is acknowledged once a
+	// majority has it, so with 3 one server may die — its leader included —
+	// without losing an acknowledged event. Default 1: a single server.
+	Replicas int
 }
 
 func (c NATSConfig) withDefaults() NATSConfig {
@@ -42,6 +47,7 @@ func (c NATSConfig) withDefaults() NATSConfig {
 	c.AckWait = cmp.Or(c.AckWait, 30*time.Second)
 	c.MaxAge = cmp.Or(c.MaxAge, 24*time.Hour)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, 5*time.Second)
+	c.Replicas = cmp.Or(c.Replicas, 1)
 	return c
 }
 
@@ -69,6 +75,7 @@ func NewNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error) 
 		Retention:  jetstream.LimitsPolicy, // every durable consumer reads every message
 		MaxAge:     cfg.MaxAge,
 		Duplicates: cfg.DuplicateWindow,
+		Replicas:   cfg.Replicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("events: stream %s: %w", cfg.Stream, err)
