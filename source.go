@@ -17,7 +17,7 @@ import (
 // The Docker build context leaves out the Dockerfile and compose file
 // (.dockerignore), so the tree embedded is what every build has.
 //
-//go:embed go.mod Makefile cmd internal migrations views docs
+//go:embed README.md SECURITY.md go.mod Makefile cmd internal migrations views docs scripts
 var tree embed.FS
 
 // Source is the repository as it was built, rooted at the repository's root.

@@ -153,13 +153,34 @@ func times(what string, n int64) string {
 	return what + " " + strconv.FormatInt(n, 10) + " times"
 }
 
-// labTry is a lab page's "try this": run it, then read the count that
-// should be zero.
+// labTry is a lab page's "try this": run it, then read the counts that
+// should be zero. It names only the lab's own columns, by their labels, so it
+// cannot send a reader to a count the result table does not show; a lab with
+// no broken variant (the timeout lab) has no such count and says what to
+// watch instead.
 func labTry(l LabInfo) string {
+	var bad []string
 	for _, c := range l.Columns {
 		if c.Bad {
-			return "press Run the lab, then compare “" + c.Label + "”: above zero for the broken variant, zero for the correct one. Run it again: the same numbers."
+			bad = append(bad, "“"+c.Label+"”")
 		}
 	}
-	return "press Run the lab, then compare the two rows and the two timelines."
+	switch len(bad) {
+	case 0:
+		return "press Run the lab, then watch the operations below: each meets its fault, stays IN_PROGRESS, and recovery finishes it once it has asked the provider what really happened. The provider's ledger shows one cancellation per policy."
+	case 1:
+		return "press Run the lab, then compare " + bad[0] + ": above zero (highlighted) for the broken variant, zero for the correct one. Run it again: the same numbers."
+	}
+	return "press Run the lab, then compare " + strings.Join(bad[:len(bad)-1], ", ") + " and " + bad[len(bad)-1] +
+		": the broken variant shows at least one of them above zero (highlighted), the correct one keeps every one at zero. Run it again: the same numbers."
+}
+
+// labWhat is a lab page's "what you are looking at".
+func labWhat(l LabInfo) string {
+	for _, c := range l.Columns {
+		if c.Bad {
+			return "the mistake and its correction, run one after the other on the same data: the table counts what each did, the timelines below say why."
+		}
+	}
+	return "three faults that look the same to the app, run side by side: the table counts the first calls and their timeouts, the operations below show how recovery told them apart."
 }

@@ -53,7 +53,12 @@ func homeContent(p Page) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<hgroup><h1>idemlab</h1><p>Booking and cancellation that stay correct when requests repeat, race, time out or crash.</p></hgroup> ")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<hgroup><h1>idemlab</h1><p>Booking and cancellation that stay correct when requests repeat, race, time out or crash.</p></hgroup>")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = Intro("what each part of idemlab demonstrates, one card each: the pages where a request repeats, races, times out or crashes, and what the app does about it.",
+			"sign in, cancel a policy on Policies, then set the provider to lost_response on the Provider page (as admin) and cancel another: its operation's page shows the timeout, and Recovery shows how the truth was found.").Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -63,7 +68,24 @@ func homeContent(p Page) templ.Component {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "<div class=\"grid cards\"><article><header><a href=\"/policies\">Policies</a></header>A customer cancels a policy at an external provider. The request carries an <code>Idempotency-Key</code> (request identity) and the operation is unique per policy (business identity), so neither a retry nor a double-click cancels twice.</article><article><header><a href=\"/slots\">Slots</a></header>Two users want the same slot. That is contention, not idempotency: a conditional <code>UPDATE … WHERE status = 'AVAILABLE'</code> picks one winner, and a unique index is the last line of defence.</article><article><header><a href=\"/provider\">Provider</a></header>A fake insurance provider that fails the way real ones do — above all the three kinds of timeout: the request never arrived, it was done but the answer was lost, or it is still running.</article><article><header><a href=\"/recovery\">Recovery</a></header>A timeout is missing information, not a failure. A recovery loop claims operations left <code>IN_PROGRESS</code>, asks the provider for the truth, and finishes, retries or hands them to a person — safely, with several app instances at once.</article><article><header><a href=\"/labs\">Labs</a></header>Guided experiments: a double-click sent through the real stack with one key and with two, up to 64 people racing for one slot under three locking strategies, and the three timeouts side by side.</article></div>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "<div class=\"grid cards\"><article><header><a href=\"/policies\">Policies</a></header>A customer cancels a policy at an external provider. The request carries an <code>Idempotency-Key</code> (request identity) and the operation is unique per policy (business identity), so neither a retry nor a double-click cancels twice.</article><article><header><a href=\"/slots\">Slots</a></header>Two users want the same slot. That is contention, not idempotency: a conditional <code>UPDATE … WHERE status = 'AVAILABLE'</code> picks one winner, and a unique index is the last line of defence.</article><article><header><a href=\"/provider\">Provider</a></header>A fake insurance provider that fails the way real ones do — above all the three kinds of timeout: the request never arrived, it was done but the answer was lost, or it is still running.</article><article><header><a href=\"/recovery\">Recovery</a></header>A timeout is missing information, not a failure. A recovery loop claims operations left <code>IN_PROGRESS</code>, asks the provider for the truth, and finishes, retries or hands them to a person — safely, with several app instances at once.</article><article><header><a href=\"/labs\">Labs</a></header>Guided experiments: a double-click sent through the real stack with one key and with two, up to 64 people racing for one slot under three locking strategies, and the three timeouts side by side.</article><article data-testid=\"home-retry-vs-recovery\"><header><a href=\"/ideas/retry-is-not-recovery\">Retry is not recovery</a></header>A retry repeats what is known to be safe to repeat; recovery first finds out what happened. The two side by side, each with the page where it happens.</article><article data-testid=\"home-crash-window\"><header><a href=\"/ideas/crash-between-effect-and-record\">A crash between the effect and its record</a></header>The provider applied the call, the process died before writing that down: what is durable, what recovery asks, and why nothing runs twice. In demo mode, make it happen.</article><article><header><a href=\"/docs/\">Docs</a></header>The guided tour in words: each idea, the code that holds it and the page where it shows. Start with the")
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		var templ_7745c5c3_Var3 string
+		templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(" ")
+		if templ_7745c5c3_Err != nil {
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/home.templ`, Line: 61, Col: 11}
+		}
+		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = DocLink("README", "README", ".").Render(ctx, templ_7745c5c3_Buffer)
+		if templ_7745c5c3_Err != nil {
+			return templ_7745c5c3_Err
+		}
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "</article></div>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

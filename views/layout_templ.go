@@ -233,7 +233,7 @@ func Layout(p Page, content templ.Component) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 27, "</main><footer class=\"container\"><small>idemlab — idempotency and recovery on PostgreSQL, shown and explained. <a href=\"/healthz\">healthz</a> · <a href=\"/readyz\">readyz</a> · <a href=\"/metrics\">metrics</a></small></footer></body></html>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 27, "</main><footer class=\"container\"><small>idemlab — idempotency and recovery on PostgreSQL, shown and explained. <a href=\"/docs/\" data-testid=\"footer-docs\">Docs</a> · <a href=\"/code/\">Code</a> · <a href=\"/healthz\">healthz</a> · <a href=\"/readyz\">readyz</a> · <a href=\"/metrics\">metrics</a></small></footer></body></html>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

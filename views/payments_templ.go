@@ -134,7 +134,7 @@ func paymentsContent(p Page, v PaymentsView) templ.Component {
 			return templ_7745c5c3_Err
 		}
 		templ_7745c5c3_Err = Intro("the fake payments service's faults beside its ledger: every charge and refund that really happened.",
-			"pick lost_response here, cancel a policy: its refund times out, recovery asks payments and finds it paid — one refund in the ledger.").Render(ctx, templ_7745c5c3_Buffer)
+			"as admin, pick lost_response here, then cancel a policy as a customer (the bar at the top switches user): its refund times out, recovery asks payments and finds it paid — one refund in the ledger.").Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

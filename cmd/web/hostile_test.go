@@ -57,6 +57,7 @@ const (
 	anEvent                // an event id (a UUID), for admin routes
 	aLab                   // a lab's name (the :name of /labs/:name)
 	aliceLabRun            // a run of the claim lab by alice (owned)
+	aDoc                   // a document's name (the :name of /docs/:name)
 )
 
 // routeSpec is what the suite knows of one route.
@@ -88,6 +89,12 @@ var hostileRoutes = map[string]routeSpec{
 	"GET /recovery/panel":  {access: pageAny},
 	"GET /code/*":          {access: pageAny},
 	"GET /static/code.css": {access: public},
+	"GET /docs":            {access: pageAny},
+	"GET /docs/":           {access: pageAny},
+	"GET /docs/:name":      {access: pageAny, param: aDoc},
+
+	"GET /ideas/retry-is-not-recovery":           {access: pageAny},
+	"GET /ideas/crash-between-effect-and-record": {access: pageAny},
 
 	"GET /api/v1/policies":                      {access: bearer, query: []string{"limit", "cursor", "status"}},
 	"GET /api/v1/policies/:id":                  {access: bearer, param: alicePolicy},
@@ -108,30 +115,31 @@ var hostileRoutes = map[string]routeSpec{
 	"GET /api/v1/reconciliation/decisions":      {access: adminAPI, query: []string{"operation_id", "limit", "cursor"}},
 	"POST /api/v1/reconciliation/decisions": {access: adminAPI, keyed: true, json: true, text: []string{"note"}, validJSON: map[string]any{
 		"decisions": []any{map[string]any{"operation_id": 1, "action": "retry", "seen_updated_at": "2026-01-01T00:00:00Z"}}, "note": "ok"}},
-	"POST /api/v1/reconciliation/ask":      {access: adminAPI, json: true, validJSON: map[string]any{"operation_ids": []any{1}}},
-	"GET /api/v1/reconciliation/items/:id": {access: adminAPI, param: anyOperation},
-	"POST /api/v1/admin/reset":             {access: adminAPI, json: true, validJSON: map[string]any{"users": 0}},
-	"GET /api/v1/admin/crash":              {access: adminAPI},
-	"GET /api/v1/events":                   {access: adminAPI, query: []string{"status"}},
-	"GET /api/v1/mailbox":                  {access: bearer},
-	"GET /api/v1/admin/events/injector":    {access: adminAPI},
-	"PUT /api/v1/admin/events/injector":    {access: adminAPI, json: true, text: []string{"mode", "consumer"}, validJSON: map[string]any{"mode": ""}},
-	"POST /api/v1/admin/events/:id/replay": {access: adminAPI, param: anEvent, keyed: true},
-	"PUT /api/v1/admin/crash":              {access: adminAPI, json: true, text: []string{"at", "mode"}, validJSON: map[string]any{"at": ""}},
-	"GET /api/v1/provider/faults":          {access: adminAPI},
-	"PUT /api/v1/provider/faults":          {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
-	"GET /api/v1/provider/effects":         {access: adminAPI},
-	"POST /api/v1/provider/reset":          {access: adminAPI},
-	"GET /api/v1/payments/faults":          {access: adminAPI},
-	"PUT /api/v1/payments/faults":          {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
-	"GET /api/v1/payments/ledger":          {access: adminAPI},
-	"POST /api/v1/payments/reset":          {access: adminAPI},
-	"GET /api/v1/labs":                     {access: bearer},
-	"GET /api/v1/labs/:name/runs":          {access: bearer, param: aLab},
-	"POST /api/v1/labs/:name/runs":         {access: bearer, param: aLab, keyed: true, json: true, validJSON: map[string]any{}},
-	"GET /api/v1/labs/:name/runs/:id":      {access: bearer, param: aliceLabRun},
-	"GET /api/v1/admin/systems":            {access: adminAPI},
-	"PUT /api/v1/admin/systems/:name":      {access: adminAPI, json: true, validJSON: map[string]any{"believed_idempotent": true}},
+	"POST /api/v1/reconciliation/ask":             {access: adminAPI, json: true, validJSON: map[string]any{"operation_ids": []any{1}}},
+	"GET /api/v1/reconciliation/items/:id":        {access: adminAPI, param: anyOperation},
+	"POST /api/v1/admin/reset":                    {access: adminAPI, json: true, validJSON: map[string]any{"users": 0}},
+	"GET /api/v1/admin/crash":                     {access: adminAPI},
+	"GET /api/v1/events":                          {access: adminAPI, query: []string{"status"}},
+	"GET /api/v1/mailbox":                         {access: bearer},
+	"GET /api/v1/admin/events/injector":           {access: adminAPI},
+	"PUT /api/v1/admin/events/injector":           {access: adminAPI, json: true, text: []string{"mode", "consumer"}, validJSON: map[string]any{"mode": ""}},
+	"POST /api/v1/admin/events/:id/replay":        {access: adminAPI, param: anEvent, keyed: true},
+	"PUT /api/v1/admin/crash":                     {access: adminAPI, json: true, text: []string{"at", "mode"}, validJSON: map[string]any{"at": ""}},
+	"POST /api/v1/admin/operations/:id/end-lease": {access: adminAPI, param: anyOperation}, // its operation is finished: 409, nothing written
+	"GET /api/v1/provider/faults":                 {access: adminAPI},
+	"PUT /api/v1/provider/faults":                 {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
+	"GET /api/v1/provider/effects":                {access: adminAPI},
+	"POST /api/v1/provider/reset":                 {access: adminAPI},
+	"GET /api/v1/payments/faults":                 {access: adminAPI},
+	"PUT /api/v1/payments/faults":                 {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
+	"GET /api/v1/payments/ledger":                 {access: adminAPI},
+	"POST /api/v1/payments/reset":                 {access: adminAPI},
+	"GET /api/v1/labs":                            {access: bearer},
+	"GET /api/v1/labs/:name/runs":                 {access: bearer, param: aLab},
+	"POST /api/v1/labs/:name/runs":                {access: bearer, param: aLab, keyed: true, json: true, validJSON: map[string]any{}},
+	"GET /api/v1/labs/:name/runs/:id":             {access: bearer, param: aliceLabRun},
+	"GET /api/v1/admin/systems":                   {access: adminAPI},
+	"PUT /api/v1/admin/systems/:name":             {access: adminAPI, json: true, validJSON: map[string]any{"believed_idempotent": true}},
 
 	"GET /policies":                       {access: signedIn},
 	"GET /policies/:id":                   {access: signedIn, param: alicePolicy},
@@ -167,8 +175,10 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /reconciliation/ask":            {access: adminPage, form: url.Values{"id": {"1"}}},
 	"POST /reconciliation/decide": {access: adminPage, keyed: true, text: []string{"note"}, form: url.Values{
 		"action": {"retry"}, "item": {"1|2026-01-01T00:00:00Z|UNKNOWN"}, "note": {"ok"}}},
-	"GET /admin/demo":   {access: adminPage},
-	"POST /admin/reset": {access: adminPage}, // never with confirm=reset: every case must write nothing
+	"GET /admin/demo":                      {access: adminPage},
+	"POST /admin/reset":                    {access: adminPage}, // never with confirm=reset: every case must write nothing
+	"POST /admin/crash":                    {access: adminPage, text: []string{"at"}, form: url.Values{"at": {""}}},
+	"POST /admin/operations/:id/end-lease": {access: adminPage, param: anyOperation},
 }
 
 // Hostile values.
@@ -336,6 +346,7 @@ func setUpWorld(t *testing.T, s *testServer) *suiteWorld {
 	w.ids[anEvent] = [2]string{"01a2381f-0267-70c7-8d90-7303ae0ed5f0", "01a2381f-0267-70c7-8d90-7303ae0ed5f1"}
 	w.ids[aLab] = [2]string{hostileLab, hostileLab}
 	w.ids[aliceLabRun] = labRuns
+	w.ids[aDoc] = [2]string{"recovery", "README"}
 
 	signedIn := func(name string) (map[string]string, string) {
 		client := s.browserClient()

@@ -320,3 +320,30 @@ func TestBrowserProviderPageSwitchesTheMode(t *testing.T) {
 	}
 	t.Logf("screenshot: %s", p)
 }
+
+// A fault the fake would refuse is refused at the app's edge, 422 with the
+// field — a 900 KB mode too, which the fake's control API would not even
+// read (issue 29: it answered 502 provider-unreachable).
+func TestAFaultIsValidatedAtTheAppsEdge(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	for _, body := range []string{
+		`{"mode":"` + strings.Repeat("x", 900_000) + `"}`,
+		`{"mode":"timeout"}`,
+		`{"status_mode":"sometimes"}`,
+		`{"mode":"ok","booking_id":3}`, // the provider scopes by policy only
+	} {
+		for _, system := range []string{"provider", "payments"} {
+			r := s.do(request{Method: "PUT", Path: "/api/v1/" + system + "/faults", Token: "demo-admin", Body: body})
+			if system == "payments" && strings.Contains(body, "booking_id") {
+				continue // payments knows bookings
+			}
+			if r.Status != http.StatusUnprocessableEntity || !strings.Contains(string(r.Body), `"invalid-fault"`) {
+				t.Errorf("%s %.60s: %d %.300s", system, body, r.Status, r.Body)
+			}
+			if len(r.Body) > 2000 {
+				t.Errorf("%s: the refusal echoes the whole value (%d bytes)", system, len(r.Body))
+			}
+		}
+	}
+}

@@ -247,6 +247,34 @@ const (
 	MaxID        = 1<<53 - 1
 )
 
+// withDefaults fills what Set fills: nil Weights and an empty StatusMode.
+func (f Fault) withDefaults() Fault {
+	if f.Weights == nil {
+		f.Weights = DefaultWeights()
+	}
+	if f.StatusMode == "" {
+		f.StatusMode = StatusOK
+	}
+	return f
+}
+
+// Validate checks f as system's fake will (kinds: the subject kinds it
+// scopes faults by, "policy", "booking"), so a caller refuses a bad fault at
+// its own edge — 422 with the field — instead of forwarding it to be
+// refused, or not understood, at the fake's.
+func (f Fault) Validate(system string, kinds ...string) error {
+	return f.withDefaults().validate(system, kinds)
+}
+
+// clip shortens a value echoed in a refusal: a 900 KB mode is named by its
+// first characters.
+func clip[S ~string](s S) string {
+	if len(s) <= 40 {
+		return string(s)
+	}
+	return strings.ToValidUTF8(string(s[:40]), "") + "…"
+}
+
 // validate checks f for the fake system, which knows the subject kinds in kinds.
 func (f Fault) validate(system string, kinds []string) error {
 	bad := func(field, format string, args ...any) error {
@@ -254,7 +282,7 @@ func (f Fault) validate(system string, kinds []string) error {
 	}
 	switch {
 	case !f.Mode.valid():
-		return bad("mode", "mode %q (want ok, reject, error, drop, lost_response, slow or flaky)", f.Mode)
+		return bad("mode", "mode %q (want ok, reject, error, drop, lost_response, slow or flaky)", clip(f.Mode))
 	case f.SlowMS < 0 || f.SlowMS > MaxSlowMS:
 		return bad("slow_ms", "slow_ms %d is out of range (0 to %d)", f.SlowMS, MaxSlowMS)
 	case f.LatencyMS < 0 || f.LatencyMS > MaxLatencyMS:
@@ -276,14 +304,14 @@ func (f Fault) validate(system string, kinds []string) error {
 	switch f.StatusMode {
 	case StatusOK, StatusError, StatusDrop:
 	default:
-		return bad("status_mode", "status_mode %q (want ok, error or drop)", f.StatusMode)
+		return bad("status_mode", "status_mode %q (want ok, error or drop)", clip(f.StatusMode))
 	}
 	if f.StatusMode != StatusOK && (f.subject() != "" || f.Next > 0) {
 		return bad("status_mode", "status_mode is %s-wide: set it on the global fault (no subject, next 0)", system)
 	}
 	for m := range f.Weights {
 		if !m.concrete() {
-			return bad("weights", "weights: %q is not a concrete mode", m)
+			return bad("weights", "weights: %q is not a concrete mode", clip(m))
 		}
 	}
 	total := 0

@@ -247,12 +247,7 @@ func (s *Store) readConfig(ctx context.Context, db database.DBTX) (Config, error
 // except that nil Weights and an empty StatusMode take their defaults: to
 // change one thing, start from Default().
 func (s *Store) Set(ctx context.Context, f Fault) (Config, error) {
-	if f.Weights == nil {
-		f.Weights = DefaultWeights()
-	}
-	if f.StatusMode == "" {
-		f.StatusMode = StatusOK
-	}
+	f = f.withDefaults()
 	if err := f.validate(s.system, s.kinds); err != nil {
 		return Config{}, err
 	}

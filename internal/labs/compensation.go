@@ -19,15 +19,16 @@ import (
 // system first, and trusting NOT_STARTED only after the call's deadline,
 // compensates exactly the bookings that were not charged.
 //
-// Built on the labs' own payments-shaped system rather than the deposit
-// saga's workflow (issue 15), which has not landed: the three policies are
-// small functions here, the charge and refund real calls over HTTP.
+// Built on the labs' own payments-shaped system rather than on the deposit
+// saga (internal/slots/deposit.go), so that the three strategies meet the
+// same schedule side by side: they are small functions here, the charge and
+// refund real calls over HTTP. The saga follows the "ask first" strategy.
 var compensationLab = &Lab{
 	Number: 7,
 	Name:   "compensation",
 	Title:  "Compensate on timeout vs ask first",
 	Lesson: "Two deposit bookings each hold a slot and charge a deposit, and both charges time out: the first was " +
-		"taken and its answer lost (lost_response), the second never got in (drop). Three policies meet the same " +
+		"taken and its answer lost (lost_response), the second never got in (drop). Three strategies meet the same " +
 		"schedule. Compensate after: treat the timeout as a failure and release the slot — the first booking's " +
 		"customer has paid for a slot that is gone. Compensate before: undo everything, refund and release — the " +
 		"second booking is refunded a charge that never happened. Ask first: query the charge's status; COMPLETED " +
@@ -62,7 +63,7 @@ var compensationLab = &Lab{
 	run: runCompensation,
 }
 
-// The three policies.
+// The three strategies.
 const (
 	compensateAfter  = "compensate-after"
 	compensateBefore = "compensate-before"
@@ -79,15 +80,15 @@ func runCompensation(ctx context.Context, e *env) ([]Variant, error) {
 	if err != nil {
 		return nil, err
 	}
-	policies := []struct{ name, title string }{
+	strategies := []struct{ name, title string }{
 		{compensateAfter, "Compensate after: release the slot on the timeout"},
 		{compensateBefore, "Compensate before: refund and release on the timeout"},
 		{askFirst, "Ask first: the charge's status, then act on the truth"},
 	}
-	out := make([]Variant, len(policies))
-	errs := make([]error, len(policies))
+	out := make([]Variant, len(strategies))
+	errs := make([]error, len(strategies))
 	var wg sync.WaitGroup
-	for i, p := range policies {
+	for i, p := range strategies {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -103,10 +104,10 @@ func runCompensation(ctx context.Context, e *env) ([]Variant, error) {
 }
 
 // depositBookings runs the schedule — booking 1's charge applied and its
-// answer lost, booking 2's charge dropped — under one policy.
-func (e *env) depositBookings(ctx context.Context, sys *fakeSystem, policy string) (Variant, error) {
+// answer lost, booking 2's charge dropped — under one strategy.
+func (e *env) depositBookings(ctx context.Context, sys *fakeSystem, strategy string) (Variant, error) {
 	t := newTimeline()
-	v := Variant{Name: policy, Broken: policy != askFirst, Counts: map[string]int{}}
+	v := Variant{Name: strategy, Broken: strategy != askFirst, Counts: map[string]int{}}
 	schedule := []fault.Mode{fault.ModeLostResponse, fault.ModeDrop}
 	// One booking after the other, so the timeline reads the same every run.
 	for i, mode := range schedule {
@@ -117,26 +118,26 @@ func (e *env) depositBookings(ctx context.Context, sys *fakeSystem, policy strin
 		if err := sys.schedule(ctx, subject, faultOf(mode, true)); err != nil {
 			return v, err
 		}
-		if err := e.depositBooking(ctx, t, sys, policy, fmt.Sprintf("booking %d", i+1), subject); err != nil {
+		if err := e.depositBooking(ctx, t, sys, strategy, fmt.Sprintf("booking %d", i+1), subject); err != nil {
 			return v, err
 		}
 	}
-	return e.tallyDeposits(ctx, t, v, policy)
+	return e.tallyDeposits(ctx, t, v, strategy)
 }
 
 // depositBooking holds a slot, charges the deposit and, the charge having
-// timed out, does what policy says.
-func (e *env) depositBooking(ctx context.Context, t *timeline, sys *fakeSystem, policy, who string, subject int64) error {
+// timed out, does what strategy says.
+func (e *env) depositBooking(ctx context.Context, t *timeline, sys *fakeSystem, strategy, who string, subject int64) error {
 	var id int64
 	if err := e.lab.QueryRow(ctx, `
 		INSERT INTO deposit_bookings (run_id, variant, subject_id)
 		VALUES ($1, $2, $3)
-		RETURNING id`, e.run, policy, subject).Scan(&id); err != nil {
+		RETURNING id`, e.run, strategy, subject).Scan(&id); err != nil {
 		return err
 	}
 	t.say(who, "held the slot")
 	client := sys.client(chargeTimeout)
-	chargeKey := e.name("compensation", policy, fmt.Sprint(id)) + ":charge_deposit"
+	chargeKey := e.name("compensation", strategy, fmt.Sprint(id)) + ":charge_deposit"
 	deadline := client.Deadline()
 	res, err := client.Send(ctx, external.Call{Path: callsPath, Key: chargeKey, Deadline: deadline,
 		Body: callBody{SubjectID: subject, What: "charge"}})
@@ -149,7 +150,7 @@ func (e *env) depositBooking(ctx context.Context, t *timeline, sys *fakeSystem, 
 	t.say(who, "charging the deposit timed out: its outcome is unknown")
 
 	b := &deposit{e: e, t: t, id: id, who: who, subject: subject, client: client, chargeKey: chargeKey, deadline: deadline}
-	switch policy {
+	switch strategy {
 	case compensateAfter:
 		return b.brokenCompensateAfterTimeout(ctx)
 	case compensateBefore:
@@ -157,7 +158,7 @@ func (e *env) depositBooking(ctx context.Context, t *timeline, sys *fakeSystem, 
 	case askFirst:
 		return b.askFirst(ctx)
 	}
-	return fmt.Errorf("no policy %q", policy)
+	return fmt.Errorf("no strategy %q", strategy)
 }
 
 // deposit is one booking whose deposit charge timed out.
@@ -238,7 +239,7 @@ func (b *deposit) release(ctx context.Context, why string) error {
 }
 
 // tallyDeposits compares each booking's fate with what the system did.
-func (e *env) tallyDeposits(ctx context.Context, t *timeline, v Variant, policy string) (Variant, error) {
+func (e *env) tallyDeposits(ctx context.Context, t *timeline, v Variant, strategy string) (Variant, error) {
 	rows, err := e.lab.Query(ctx, `
 		SELECT b.status,
 		       count(*) FILTER (WHERE f.what = 'charge'),
@@ -248,7 +249,7 @@ func (e *env) tallyDeposits(ctx context.Context, t *timeline, v Variant, policy 
 		 WHERE b.run_id = $1
 		   AND b.variant = $2
 		 GROUP BY b.id, b.status
-		 ORDER BY b.id`, e.run, policy)
+		 ORDER BY b.id`, e.run, strategy)
 	if err != nil {
 		return v, err
 	}

@@ -42,8 +42,10 @@ var timeoutsLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/workflow/recover.go", Text: "func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (recovery.Result, error) {",
 			Says: "the decision tree recovery runs for each of the three operations"},
-		{Path: "internal/fault/doc.go", Text: "//\tmode           the fake does                        caller sees        truth afterwards",
-			Says: "the three modes, and the truth each leaves behind"},
+		{Path: "internal/workflow/recover.go", Text: "case external.TruthCompleted:",
+			Says: "COMPLETED (lost_response; slow, once it completes): finished locally, no second call"},
+		{Path: "internal/workflow/recover.go", Text: "case external.TruthNotStarted:",
+			Says: "NOT_STARTED (drop): the same call again, with the same key, once every earlier deadline has passed"},
 	},
 	run: runTimeouts,
 }

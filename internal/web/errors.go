@@ -55,6 +55,7 @@ var errorTable = []struct {
 	{labs.ErrUnknownLab, http.StatusNotFound, "not-found", "Lab not found"},
 	{labs.ErrRunNotFound, http.StatusNotFound, "not-found", "Lab run not found"},
 	{labs.ErrUnavailable, http.StatusServiceUnavailable, "lab-unavailable", "The lab cannot run here"},
+	{labs.ErrNoLiveLease, http.StatusConflict, "no-live-lease", "No running lease to end"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown

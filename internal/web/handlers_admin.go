@@ -10,7 +10,9 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
@@ -34,6 +36,64 @@ func (app *App) handlePutCrash(c echo.Context) error {
 		return problem.New(http.StatusBadRequest, "invalid-crash-point", "Invalid crash point", err.Error())
 	}
 	return c.JSON(http.StatusOK, app.crash.Setting())
+}
+
+// handleCrashForm: POST /admin/crash (admin, demo mode only) — the demo
+// page's "crash at": arm a point once, in abandon mode, so the next request
+// that passes it is cut off and leaves what a killed process leaves, while
+// the server stays up; at="" disarms. Then back to the page.
+func (app *App) handleCrashForm(c echo.Context) error {
+	s := crash.Setting{At: crash.Point(c.FormValue("at")), Mode: crash.Abandon, Once: true}
+	if !inRequest(s.At) {
+		return problem.New(http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point",
+			fmt.Sprintf("%q is passed by a background loop, not a request: abandoning there takes the process down; arm it with PUT /api/v1/admin/crash", s.At))
+	}
+	if err := app.crash.Arm(s); err != nil {
+		return problem.New(http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point", err.Error())
+	}
+	u, _ := userFrom(c)
+	logFrom(c.Request().Context()).Warn("crash point armed from the demo page", "by", u.Name, "at", s.At)
+	return c.Redirect(http.StatusSeeOther, "/admin/demo#crash")
+}
+
+// inRequest says whether a request passes p, so that abandoning there cuts
+// off only that request: the relay's and the consumers' points are passed
+// by background loops.
+func inRequest(p crash.Point) bool {
+	return p != events.CrashRelayAfterPublishBeforeMark && p != events.CrashConsumerAfterCommitBeforeAck
+}
+
+// handleEndLease: POST /api/v1/admin/operations/:id/end-lease (admin, demo
+// mode only) — end a live operation's lease now, as if its owner had gone
+// silent, so that recovery claims it at its next pass. 409 no-live-lease
+// when it has none running. Ending a lease that has ended changes nothing,
+// so it takes no Idempotency-Key.
+func (app *App) handleEndLease(c echo.Context) error {
+	id, err := app.endLease(c)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"operation_id": id, "lease": "ended"})
+}
+
+// handleEndLeaseForm: POST /admin/operations/:id/end-lease — the recovery
+// page's "Let its lease run out now"; then the operation's page, where the
+// claim appears.
+func (app *App) handleEndLeaseForm(c echo.Context) error {
+	id, err := app.endLease(c)
+	if err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, fmt.Sprintf("/operations/%d", id))
+}
+
+func (app *App) endLease(c echo.Context) (int64, error) {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return 0, err
+	}
+	u, _ := userFrom(c)
+	return id, labs.EndLease(c.Request().Context(), app.pool, id, u.Name+" (demo control)")
 }
 
 // handleReset: POST /api/v1/admin/reset {"users": U, "policies_per_user": P,
@@ -105,7 +165,13 @@ func (app *App) resetDemo(c echo.Context, d demo.Dataset) ([]demo.Account, error
 // behind a confirmation, and the demo accounts with their API tokens.
 func (app *App) handleDemoPage(c echo.Context) error {
 	d := demo.DefaultDataset()
-	vm := views.DemoView{Policies: d.PoliciesPerUser * customers(app.accounts), Slots: d.Slots + d.DepositSlots, Done: c.QueryParam("done") == "1"}
+	vm := views.DemoView{Policies: d.PoliciesPerUser * customers(app.accounts), Slots: d.Slots + d.DepositSlots, Done: c.QueryParam("done") == "1",
+		Armed: string(app.crash.Setting().At)}
+	for _, p := range app.crash.Known() {
+		if inRequest(p) {
+			vm.Points = append(vm.Points, string(p))
+		}
+	}
 	for _, a := range app.accounts {
 		vm.Accounts = append(vm.Accounts, views.DemoAccount{Name: a.Name, Role: a.Role, Token: a.Token})
 	}

@@ -16,6 +16,24 @@ func (app *App) handleHome(c echo.Context) error {
 	return render(c, http.StatusOK, views.HomePage(app.page(c, "Home", "")))
 }
 
+// handleRetryNotRecovery: GET /ideas/retry-is-not-recovery — the two side
+// by side, each with the pages where it happens.
+func (app *App) handleRetryNotRecovery(c echo.Context) error {
+	return render(c, http.StatusOK, views.RetryNotRecoveryPage(app.page(c, "Retry is not recovery", "")))
+}
+
+// handleCrashWindow: GET /ideas/crash-between-effect-and-record — what is
+// durable when a process dies after an external effect and before its
+// record, and how to make it happen (demo mode).
+func (app *App) handleCrashWindow(c echo.Context) error {
+	return render(c, http.StatusOK, views.CrashWindowPage(app.page(c, "A crash between the effect and its record", ""), app.cfg.DemoMode))
+}
+
+// redirectTo answers every request with a redirect to a fixed path.
+func redirectTo(path string) echo.HandlerFunc {
+	return func(c echo.Context) error { return c.Redirect(http.StatusMovedPermanently, path) }
+}
+
 // handleSignInPage: GET /signin — in demo mode a button per demo account,
 // otherwise a name and password form.
 func (app *App) handleSignInPage(c echo.Context) error {

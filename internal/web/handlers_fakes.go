@@ -108,11 +108,30 @@ func (s fakeAdmin) putFaults(c echo.Context) error {
 	if err := decodeJSON(c, &f); err != nil {
 		return err
 	}
+	if err := s.validate(f); err != nil {
+		return err
+	}
 	cfg, err := s.control.SetFaults(c.Request().Context(), f)
 	if err != nil {
 		return s.controlError(c, err)
 	}
 	return c.JSON(http.StatusOK, cfg)
+}
+
+// validate refuses, here, a fault the fake would refuse: 422 invalid-fault
+// naming the field, whatever the fake's own limits on what it reads.
+func (s fakeAdmin) validate(f fault.Fault) error {
+	kinds := make([]string, len(s.subjects))
+	for i, field := range s.subjects {
+		kinds[i] = strings.TrimSuffix(field, "_id")
+	}
+	var invalid *fault.InvalidError
+	if err := f.Validate(s.name, kinds...); errors.As(err, &invalid) {
+		return invalidFault(invalid)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // reset: POST /api/v1/{system}/reset (admin) — 204: the fake forgets every
@@ -138,6 +157,9 @@ func (s fakeAdmin) faultsForm(c echo.Context) error {
 	}
 	f, err := s.faultFromForm(c, cfg.Global)
 	if err != nil {
+		return err
+	}
+	if err := s.validate(f); err != nil {
 		return err
 	}
 	// The switch flips the fake and what the app believes about it together

@@ -114,7 +114,8 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 		Instance: s.Instance, Strategy: s.Settings.Strategy, Interval: cfg.Interval.String(), Lease: b.Lease.String(),
 		MaxPolls: b.MaxPolls, PollTime: b.MaxPollTime().String(), MaxAttempts: b.MaxAttempts,
 		ClockSkew: b.ClockSkew.String(), Reask: b.ReaskInterval.String(),
-		Bound: app.recovery.Bound().Round(100 * time.Millisecond).String(),
+		Bound:    app.recovery.Bound().Round(100 * time.Millisecond).String(),
+		EndLease: app.cfg.DemoMode && u.IsAdmin(), CSRF: csrfToken(c),
 	}
 	for _, st := range workflow.Statuses {
 		v.Counts = append(v.Counts, views.StatusCount{Status: st, N: s.Counts[st]})
@@ -126,7 +127,7 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	for _, l := range s.Live {
 		row := views.LiveOperation{
 			ID: l.ID, Subject: l.Subject(), Status: l.Status, Owner: deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
-			Attempts: l.Attempts, LastError: deref(l.LastError), State: "owned", StateKind: "DONE",
+			Attempts: l.Attempts, LastError: deref(l.LastError), State: "owned", StateKind: "DONE", Owned: !l.Stale,
 		}
 		switch {
 		case l.Stale && l.Due:

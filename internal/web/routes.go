@@ -80,9 +80,10 @@ func (app *App) routes() *echo.Echo {
 
 	// Demo mode only (DEMO_MODE=true): without it these paths do not exist.
 	if app.cfg.DemoMode {
-		api.POST("/admin/reset", app.handleReset, requireAdmin)   // wipe and reseed a dataset
-		api.GET("/admin/crash", app.handleGetCrash, requireAdmin) // the crash point armed on this instance
-		api.PUT("/admin/crash", app.handlePutCrash, requireAdmin) // arm or disarm a crash point
+		api.POST("/admin/reset", app.handleReset, requireAdmin)                       // wipe and reseed a dataset
+		api.GET("/admin/crash", app.handleGetCrash, requireAdmin)                     // the crash point armed on this instance
+		api.PUT("/admin/crash", app.handlePutCrash, requireAdmin)                     // arm or disarm a crash point
+		api.POST("/admin/operations/:id/end-lease", app.handleEndLease, requireAdmin) // end a live operation's lease now: recovery claims it
 	}
 
 	// Slots and bookings: contention (docs/booking.md).
@@ -106,6 +107,11 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/recovery", app.handleRecoveryPage, page...)                                         // the recovery loops at work (everyone)
 	e.GET("/recovery/panel", app.handleRecoveryPanel, page...)                                  // its htmx partial
 	e.GET("/code/*", app.handleCodePage, page...)                                               // idemlab's own source, read-only: a file by line (#L120) or a folder
+	e.GET("/ideas/retry-is-not-recovery", app.handleRetryNotRecovery, page...)                  // retry and recovery side by side, each with its pages
+	e.GET("/ideas/crash-between-effect-and-record", app.handleCrashWindow, page...)             // what is durable, what recovery asks, why nothing runs twice
+	e.GET("/docs", redirectTo("/docs/"), page...)                                               // the list of docs
+	e.GET("/docs/", app.handleDocsIndex, page...)                                               // every document of the project, rendered
+	e.GET("/docs/:name", app.handleDocPage, page...)                                            // one document ("recovery", "README"), its links into the docs and the code
 
 	// Forms that change business state go through the idempotency protocol,
 	// keyed by the hidden idempotency_key field minted when the form rendered.
@@ -135,8 +141,10 @@ func (app *App) routes() *echo.Echo {
 	e.POST("/reconciliation/decide", app.handleDecideForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a bulk decision (keyed form)
 	if app.cfg.DemoMode {
-		e.GET("/admin/demo", app.handleDemoPage, adminOnly...)    // demo controls: the reset, the accounts (admin, demo mode)
-		e.POST("/admin/reset", app.handleResetForm, adminOnly...) // the reset, confirmed (admin, demo mode)
+		e.GET("/admin/demo", app.handleDemoPage, adminOnly...)                          // demo controls: the reset, the accounts (admin, demo mode)
+		e.POST("/admin/reset", app.handleResetForm, adminOnly...)                       // the reset, confirmed (admin, demo mode)
+		e.POST("/admin/crash", app.handleCrashForm, adminOnly...)                       // arm a crash point once, abandon mode (admin, demo mode)
+		e.POST("/admin/operations/:id/end-lease", app.handleEndLeaseForm, adminOnly...) // "let its lease run out now" (admin, demo mode)
 	}
 
 	// Booking from the grid (hidden idempotency_key per form), and the labs.

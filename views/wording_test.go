@@ -1,0 +1,121 @@
+package views
+
+import (
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idemlab/idemlab"
+	"github.com/idemlab/idemlab/internal/labs"
+)
+
+// pageSources are the files whose text reaches a page: the templates, the
+// labs' lessons and the web layer's messages.
+func pageSources(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, dir := range []string{"views", "internal/labs", "internal/web"} {
+		entries, err := fs.ReadDir(idemlab.Source(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasSuffix(name, "_test.go") || strings.HasSuffix(name, "_templ.go") ||
+				(path.Ext(name) != ".templ" && path.Ext(name) != ".go") {
+				continue
+			}
+			raw, err := fs.ReadFile(idemlab.Source(), dir+"/"+name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[dir+"/"+name] = string(raw)
+		}
+	}
+	return out
+}
+
+// modeMentions are the ways a page tells a reader to set a fault: "set the
+// provider to lost_response", "pick lost_response here".
+var modeMentions = []*regexp.Regexp{
+	regexp.MustCompile(`(?i)\b(?:provider|payments)(?: service)? to (?:<code>)?([a-z_]+)`),
+	regexp.MustCompile(`(?i)\bpick (?:<code>)?([a-z]+_[a-z_]+)`),
+	regexp.MustCompile(`(?i)\bset (?:it )?to (?:<code>)?([a-z_]+)`),
+}
+
+// A page that sends a reader to the Provider page for a fault mode names
+// one the page offers (issue 29: "set the provider to timeout" named none).
+func TestPagesNameOnlyFaultModesTheProviderPageOffers(t *testing.T) {
+	seen := 0
+	for file, src := range pageSources(t) {
+		for _, re := range modeMentions {
+			for _, m := range re.FindAllStringSubmatch(src, -1) {
+				seen++
+				if !slices.Contains(FaultModes, m[1]) {
+					t.Errorf("%s: %q names %q, which is not a mode the Provider page offers (%v)", file, m[0], m[1], FaultModes)
+				}
+			}
+		}
+	}
+	if seen < 3 {
+		t.Fatalf("found %d mentions of a mode: the patterns no longer match the pages", seen)
+	}
+}
+
+var quoted = regexp.MustCompile(`“([^”]+)”`)
+
+// A lab's "try this" names only counts its result table shows, and a lab
+// whose table has no count to keep at zero is not described as a broken
+// and a correct variant side by side.
+func TestLabTryNamesOnlyColumnsItsTableShows(t *testing.T) {
+	for _, l := range labs.All() {
+		info := LabInfo{Name: l.Name}
+		bad := 0
+		for _, c := range l.Columns {
+			info.Columns = append(info.Columns, LabColumn{Label: c.Label, Bad: c.Bad})
+			if c.Bad {
+				bad++
+			}
+		}
+		try := labTry(info)
+		for _, m := range quoted.FindAllStringSubmatch(try, -1) {
+			if !slices.ContainsFunc(info.Columns, func(c LabColumn) bool { return c.Label == m[1] }) {
+				t.Errorf("lab %s: try names %q, which its table does not show: %s", l.Name, m[1], try)
+			}
+		}
+		if bad > 0 && len(quoted.FindAllString(try, -1)) != bad {
+			t.Errorf("lab %s: try names %d counts, its table has %d that should be zero: %s", l.Name, len(quoted.FindAllString(try, -1)), bad, try)
+		}
+		if what := labWhat(info); bad == 0 && strings.Contains(what, "correction") {
+			t.Errorf("lab %s has no broken variant, yet says %q", l.Name, what)
+		}
+	}
+}
+
+var docMention = regexp.MustCompile(`docs/[a-z-]+\.md|\bthe README\b`)
+
+// Every mention of a doc on a page is a link (DocLink): a reader in a
+// browser can open it.
+func TestEveryDocMentionIsALink(t *testing.T) {
+	for file, src := range pageSources(t) {
+		if path.Ext(file) != ".templ" {
+			continue
+		}
+		for i, line := range strings.Split(src, "\n") {
+			line, _, _ = strings.Cut(line, " // ") // a Go comment in a struct or a script
+			trimmed := strings.TrimSpace(line)
+			if strings.HasPrefix(trimmed, "//") {
+				continue
+			}
+			for _, loc := range docMention.FindAllStringIndex(line, -1) {
+				before := line[:loc[0]]
+				if !strings.HasSuffix(before, `@DocLink("`) && !strings.Contains(before[max(0, len(before)-40):], "@DocLink(") {
+					t.Errorf("%s:%d mentions %q without a link: %s", file, i+1, line[loc[0]:loc[1]], trimmed)
+				}
+			}
+		}
+	}
+}
