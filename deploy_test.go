@@ -6,6 +6,7 @@ package idemlab_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -59,7 +60,7 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 
 func TestComposeServices(t *testing.T) {
 	p := loadCompose(t)
-	for _, name := range []string{"db", "app", "app2", "provider", "payments", "proxy", "nats", "redis", "kafka", "tasks"} {
+	for _, name := range []string{"db", "db-standby", "app", "app2", "app3", "provider", "payments", "proxy", "nats", "nats2", "nats3", "redis", "kafka", "tasks"} {
 		service(t, p, name)
 	}
 }
@@ -118,8 +119,8 @@ func TestComposeApp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("app DATABASE_URL: %v", err)
 	}
-	if dbURL.Hostname() != "db" {
-		t.Errorf("app DATABASE_URL host = %q, want db", dbURL.Hostname())
+	if !strings.HasPrefix(dbURL.Host, "db:") {
+		t.Errorf("app DATABASE_URL hosts = %q, want db first", dbURL.Host)
 	}
 
 	// PROVIDER_URL and PAYMENTS_URL must name their services on the ports
@@ -173,20 +174,26 @@ func TestComposeApp(t *testing.T) {
 // visible.
 func TestComposeReplicasBehindOneProxy(t *testing.T) {
 	p := loadCompose(t)
-	app, app2 := service(t, p, "app"), service(t, p, "app2")
-	for _, key := range []string{"DATABASE_URL", "PROVIDER_URL", "PAYMENTS_URL", "FAKE_CONTROL_TOKEN", "SESSION_SECRET", "RECOVERY_CLAIM"} {
-		if a, b := env(t, app, key), env(t, app2, key); a != b {
-			t.Errorf("%s differs between replicas: %q vs %q", key, a, b)
+	app := service(t, p, "app")
+	for i, name := range []string{"app2", "app3"} {
+		other := service(t, p, name)
+		for _, key := range []string{"DATABASE_URL", "PROVIDER_URL", "PAYMENTS_URL", "FAKE_CONTROL_TOKEN", "SESSION_SECRET", "RECOVERY_CLAIM", "NATS_URL", "EVENTS_REPLICAS"} {
+			if a, b := env(t, app, key), env(t, other, key); a != b {
+				t.Errorf("%s differs between app and %s: %q vs %q", key, name, a, b)
+			}
+		}
+		if id := env(t, other, "INSTANCE_ID"); id != fmt.Sprintf("app-%d", i+2) {
+			t.Errorf("%s INSTANCE_ID = %q", name, id)
+		}
+		if !slices.Equal(other.Command, types.ShellCommand{"serve"}) || other.Build == nil {
+			t.Errorf("%s is not built and run like app: command %q", name, other.Command)
+		}
+		if _, ok := other.DependsOn["provider"]; !ok {
+			t.Errorf("%s does not depend on provider", name)
 		}
 	}
-	if a, b := env(t, app, "INSTANCE_ID"), env(t, app2, "INSTANCE_ID"); a != "app-1" || b != "app-2" {
-		t.Errorf("INSTANCE_ID = %q, %q; want app-1, app-2", a, b)
-	}
-	if !slices.Equal(app2.Command, types.ShellCommand{"serve"}) || app2.Build == nil {
-		t.Errorf("app2 is not built and run like app: command %q", app2.Command)
-	}
-	if _, ok := app2.DependsOn["provider"]; !ok {
-		t.Error("app2 does not depend on provider")
+	if id := env(t, app, "INSTANCE_ID"); id != "app-1" {
+		t.Errorf("app INSTANCE_ID = %q, want app-1", id)
 	}
 
 	proxy := service(t, p, "proxy")
@@ -197,7 +204,7 @@ func TestComposeReplicasBehindOneProxy(t *testing.T) {
 	if !publishes8080 {
 		t.Errorf("proxy ports = %+v, want 8080:8080", proxy.Ports)
 	}
-	for _, dep := range []string{"app", "app2"} {
+	for _, dep := range []string{"app", "app2", "app3"} {
 		if _, ok := proxy.DependsOn[dep]; !ok {
 			t.Errorf("proxy does not depend on %s", dep)
 		}
@@ -209,7 +216,7 @@ func TestComposeReplicasBehindOneProxy(t *testing.T) {
 	if !ok {
 		t.Fatalf("config %q is not defined", proxy.Configs[0].Source)
 	}
-	for _, upstream := range []string{"app:8080", "app2:8080"} {
+	for _, upstream := range []string{"app:8080", "app2:8080", "app3:8080"} {
 		if !strings.Contains(cfg.Content, upstream) {
 			t.Errorf("Caddyfile does not proxy to %s:\n%s", upstream, cfg.Content)
 		}
@@ -232,8 +239,8 @@ func TestComposeFakes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s DATABASE_URL: %v", name, err)
 		}
-		if dbURL.Hostname() != "db" {
-			t.Errorf("%s DATABASE_URL host = %q, want db", name, dbURL.Hostname())
+		if !strings.HasPrefix(dbURL.Host, "db:") {
+			t.Errorf("%s DATABASE_URL hosts = %q, want db first", name, dbURL.Host)
 		}
 		for _, port := range fake.Ports {
 			if port.HostIP != "127.0.0.1" {
@@ -243,33 +250,76 @@ func TestComposeFakes(t *testing.T) {
 	}
 }
 
-// JetStream runs as its own service with a durable store, and every app
-// replica reaches it by name and waits for it.
+// JetStream runs as a cluster of three services, each with a durable store
+// and routes to the other two; every app replica lists all three, keeps
+// the stream on all three, and waits for them.
 func TestComposeNATS(t *testing.T) {
 	p := loadCompose(t)
-	nats := service(t, p, "nats")
-	if !strings.HasPrefix(nats.Image, "nats:") {
-		t.Errorf("nats image = %q", nats.Image)
+	nodes := []string{"nats", "nats2", "nats3"}
+	for _, name := range nodes {
+		nats := service(t, p, name)
+		if !strings.HasPrefix(nats.Image, "nats:") {
+			t.Errorf("%s image = %q", name, nats.Image)
+		}
+		if !slices.Contains(nats.Command, "-js") {
+			t.Errorf("%s command %q lacks -js (JetStream)", name, nats.Command)
+		}
+		if i := slices.Index(nats.Command, "-sd"); i < 0 || i+1 >= len(nats.Command) {
+			t.Errorf("%s command %q has no store directory (-sd)", name, nats.Command)
+		} else if !slices.ContainsFunc(nats.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Target == nats.Command[i+1] }) {
+			t.Errorf("%s stores in %s, which is not a volume: JetStream would forget its stream on restart", name, nats.Command[i+1])
+		}
+		i := slices.Index(nats.Command, "--routes")
+		if i < 0 || i+1 >= len(nats.Command) || !slices.Contains(nats.Command, "--cluster_name") {
+			t.Fatalf("%s command %q: no cluster (--cluster_name, --routes)", name, nats.Command)
+		}
+		for _, other := range nodes {
+			if routed := strings.Contains(nats.Command[i+1], "nats://"+other+":6222"); routed == (other == name) {
+				t.Errorf("%s routes %q: want a route to every other node, none to itself", name, nats.Command[i+1])
+			}
+		}
 	}
-	if !slices.Contains(nats.Command, "-js") {
-		t.Errorf("nats command %q lacks -js (JetStream)", nats.Command)
-	}
-	if i := slices.Index(nats.Command, "-sd"); i < 0 || i+1 >= len(nats.Command) {
-		t.Errorf("nats command %q has no store directory (-sd)", nats.Command)
-	} else if !slices.ContainsFunc(nats.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Target == nats.Command[i+1] }) {
-		t.Errorf("nats stores in %s, which is not a volume: JetStream would forget its stream on restart", nats.Command[i+1])
-	}
-	for _, name := range []string{"app", "app2"} {
+	for _, name := range []string{"app", "app2", "app3"} {
 		app := service(t, p, name)
-		u, err := url.Parse(env(t, app, "NATS_URL"))
-		if err != nil || u.Scheme != "nats" || u.Hostname() != "nats" || u.Port() != "4222" {
-			t.Errorf("%s NATS_URL = %q, want nats://nats:4222", name, env(t, app, "NATS_URL"))
+		for _, node := range nodes {
+			if !strings.Contains(env(t, app, "NATS_URL"), "nats://"+node+":4222") {
+				t.Errorf("%s NATS_URL = %q lacks %s", name, env(t, app, "NATS_URL"), node)
+			}
+			if _, ok := app.DependsOn[node]; !ok {
+				t.Errorf("%s does not depend on %s", name, node)
+			}
+		}
+		if r := env(t, app, "EVENTS_REPLICAS"); r != "3" {
+			t.Errorf("%s EVENTS_REPLICAS = %q, want 3", name, r)
 		}
 		if tr := env(t, app, "EVENTS_TRANSPORT"); tr != "nats" && tr != "river" && tr != "kafka" && tr != "tasks" {
 			t.Errorf("%s EVENTS_TRANSPORT = %q", name, tr)
 		}
-		if _, ok := app.DependsOn["nats"]; !ok {
-			t.Errorf("%s does not depend on nats", name)
+	}
+}
+
+// The database is a primary and a synchronous streaming standby; every
+// replica and fake lists both, primary first, and keeps only the one that
+// takes writes.
+func TestComposeDatabaseFailover(t *testing.T) {
+	p := loadCompose(t)
+	db, standby := service(t, p, "db"), service(t, p, "db-standby")
+	if !slices.Contains(db.Command, "synchronous_standby_names=standby") || !slices.Contains(db.Command, "synchronous_commit=on") {
+		t.Errorf("db command %q: want synchronous_standby_names=standby and synchronous_commit=on", db.Command)
+	}
+	script := strings.Join(standby.Command, " ")
+	for _, want := range []string{"pg_basebackup -h db", "application_name=standby", "standby.signal", "synchronous_standby_names="} {
+		if !strings.Contains(script, want) {
+			t.Errorf("db-standby's start lacks %q:\n%s", want, script)
+		}
+	}
+	if dep, ok := standby.DependsOn["db"]; !ok || dep.Condition != types.ServiceConditionHealthy {
+		t.Errorf("db-standby depends_on db = %+v, want healthy", dep)
+	}
+	for _, name := range []string{"app", "app2", "app3", "provider", "payments", "tasks"} {
+		u := env(t, service(t, p, name), "DATABASE_URL")
+		if !strings.Contains(u, "@db:5432,db-standby:5432/") || !strings.Contains(u, "target_session_attrs=read-write") {
+			t.Errorf("%s DATABASE_URL = %q: want both servers, primary first, target_session_attrs=read-write", name, u)
 		}
 	}
 }

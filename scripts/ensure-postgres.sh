@@ -67,7 +67,7 @@ fi
 
 if command -v docker >/dev/null 2>&1 && timeout 15 docker info >/dev/null 2>&1; then
 	echo "ensure-postgres: nothing answers at $where; starting the compose db service"
-	docker compose -f "$root/docker-compose.yml" up -d --wait db
+	docker compose -f "$root/docker-compose.yml" up -d --wait db db-standby # the primary waits for its synchronous standby
 	for _ in $(seq 1 30); do
 		if answers; then
 			echo "ensure-postgres: PostgreSQL answers at $where"
@@ -82,7 +82,7 @@ ensure-postgres: PostgreSQL does not answer at $where.
   DATABASE_URL=$DATABASE_URL
 Start one of:
   - a local PostgreSQL 15+ reachable at that URL, or
-  - the compose database: docker compose up -d --wait db (needs a running Docker engine)
+  - the compose database: docker compose up -d --wait db db-standby (needs a running Docker engine)
 or point DATABASE_URL at a server the tests may create databases in.
 EOF
 exit 1

@@ -21,6 +21,7 @@ type config struct {
 	Quiet    bool
 	Keep     bool // leave the system running after the checks, to study it
 
+	Instances  int // app instances (replicas) on the one database
 	Clients    int
 	Timeout    time.Duration // each client attempt's timeout
 	DoubleSend float64
@@ -72,9 +73,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.Keep, "keep", false, "after the checks, leave the system running (addresses printed) until Ctrl-C")
 
+	fs.IntVar(&c.Instances, "instances", 2, "app instances (replicas) on the one database, each killed, paused and restarted by the nemesis")
 	fs.IntVar(&c.Clients, "clients", 8, "clients acting at once")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "each client attempt's timeout")
-	fs.Float64Var(&c.DoubleSend, "double-send", 0.1, "chance that an intent's first attempt is sent twice at once, to both instances")
+	fs.Float64Var(&c.DoubleSend, "double-send", 0.1, "chance that an intent's first attempt is sent twice at once, to two instances")
 	// Enough for about 15 minutes: about 5 cancellations a second use up
 	// policies, and the 5 % of bookings never released use up slots.
 	fs.IntVar(&c.Users, "users", 100, "customers in the dataset")
@@ -112,15 +114,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return c, err
 		}
 	}
-	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 {
-		err := fmt.Errorf("-clients, -duration, -users and -slots must be positive")
+	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 || c.Instances < 1 || c.Instances > 9 {
+		err := fmt.Errorf("-clients, -duration, -users and -slots must be positive, -instances from 1 to 9")
 		fmt.Fprintln(stderr, "chaos:", err)
 		return c, err
 	}
 	return c, nil
 }
 
-// appEnv is the environment of both app instances (ADDR and INSTANCE_ID
+// appEnv is the environment of every app instance (ADDR and INSTANCE_ID
 // are added per instance).
 func (c config) appEnv(dbURL string) []string {
 	env := []string{
@@ -151,7 +153,7 @@ func (c config) appEnv(dbURL string) []string {
 func (c config) settings() []string {
 	return []string{
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
-		fmt.Sprintf("clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
+		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s",
 			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery),
 		fmt.Sprintf("EVENTS_TRANSPORT=%s", c.Transport),

@@ -55,7 +55,7 @@ type chaosRun struct {
 }
 
 // newRun builds the web binary and starts the database, the fakes, a
-// proxy in front of each and the two app instances, then loads the
+// proxy in front of each and the app instances (-instances), then loads the
 // dataset. On error the parts already started are in the returned run,
 // for close.
 func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
@@ -131,7 +131,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		fakeEnv = append(fakeEnv, fs.urlEnv+"="+proxy.URL())
 	}
 
-	for i := range 2 {
+	for i := range cfg.Instances {
 		name := fmt.Sprintf("app-%d", i+1)
 		addr, err := procs.FreeAddr()
 		if err != nil {
