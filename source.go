@@ -45,41 +45,32 @@ func firstLine(path string, matches func(line string) bool) int {
 	return 0
 }
 
-// FuncLine returns the 1-based number of the line of path that declares the
-// function name — "recordRetry", or a method as the runtime names it,
-// "(*runner).succeed" or "claimed.claim" — or 0 when path declares no such
-// function. Like LineOf, it finds the line by what it says, so it follows
-// every edit.
-func FuncLine(path, name string) int {
-	var recv string
-	if strings.HasPrefix(name, "(") {
-		end := strings.Index(name, ").")
-		if end < 0 {
-			return 0
-		}
-		recv, name = name[1:end], name[end+2:]
-	} else if t, m, ok := strings.Cut(name, "."); ok {
-		recv, name = t, m
+// DeclLine finds the declaration of the package-level constant or variable
+// name in the Go files of dir ("internal/workflow") — "const name =" or
+// "var name =" — and returns its file and 1-based line, or "", 0 when dir
+// declares no such name. Like LineOf, it finds the line by what it says, so
+// it follows every edit: the timeline names a statement by its constant
+// ("workflow.sqlStepSent") and the page links the name here.
+func DeclLine(dir, name string) (path string, line int) {
+	entries, err := fs.ReadDir(tree, dir)
+	if err != nil {
+		return "", 0
 	}
-	return firstLine(path, func(line string) bool {
-		rest, ok := strings.CutPrefix(line, "func ")
-		if !ok {
-			return false
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
 		}
-		if recv != "" {
-			// "(r *runner) succeed(": the receiver's name is the author's.
-			lp, rp := strings.Index(rest, "("), strings.Index(rest, ")")
-			if lp != 0 || rp < 0 {
-				return false
+		p := dir + "/" + e.Name()
+		n := firstLine(p, func(line string) bool {
+			rest, ok := strings.CutPrefix(line, "const ")
+			if !ok {
+				rest, ok = strings.CutPrefix(line, "var ")
 			}
-			fields := strings.Fields(rest[1:rp])
-			if len(fields) == 0 || fields[len(fields)-1] != recv {
-				return false
-			}
-			rest = strings.TrimSpace(rest[rp+1:])
-		} else if strings.HasPrefix(rest, "(") {
-			return false
+			return ok && strings.HasPrefix(rest, name+" =")
+		})
+		if n > 0 {
+			return p, n
 		}
-		return strings.HasPrefix(rest, name+"(") || strings.HasPrefix(rest, name+"[")
-	})
+	}
+	return "", 0
 }

@@ -6,34 +6,30 @@ import (
 	"testing"
 )
 
-func TestFuncLineFindsDeclarations(t *testing.T) {
+func TestDeclLineFindsDeclarations(t *testing.T) {
 	for _, tc := range []struct {
-		path, name string
-		want       string // the line's start
+		dir, name string
+		want      string // the line's start
 	}{
-		{"internal/workflow/run.go", "recordEvent", "func recordEvent("},
-		{"internal/workflow/writer.go", "writerOf", "func writerOf("},
-		{"internal/workflow/run.go", "(*runner).succeed", "func (r *runner) succeed("},
-		{"internal/workflow/claim.go", "(*Engine).claimSkipLocked", "func (e *Engine) claimSkipLocked("},
-		{"internal/workflow/claim.go", "claimed.claim", "func (c claimed) claim("}, // a value receiver, as the runtime names it
-		{"internal/workflow/claim.go", "(*claimed).claim", ""},
-		{"internal/workflow/run.go", "(*runner).nothing", ""},
-		{"internal/workflow/nope.go", "f", ""},
-		{"internal/workflow/run.go", "(*runner", ""},
+		{"internal/workflow", "sqlStepSent", "const sqlStepSent ="},
+		{"internal/workflow", "sqlClaimSkipLocked", "var sqlClaimSkipLocked ="},
+		{"internal/workflow", "sqlStep", ""}, // a prefix of names is not a name
+		{"internal/workflow", "nothing", ""},
+		{"internal/nope", "sqlStepSent", ""},
 	} {
-		line := FuncLine(tc.path, tc.name)
+		path, line := DeclLine(tc.dir, tc.name)
 		if tc.want == "" {
 			if line != 0 {
-				t.Errorf("FuncLine(%q, %q) = %d, want 0", tc.path, tc.name, line)
+				t.Errorf("DeclLine(%q, %q) = %s:%d, want none", tc.dir, tc.name, path, line)
 			}
 			continue
 		}
 		if line == 0 {
-			t.Errorf("FuncLine(%q, %q) = 0", tc.path, tc.name)
+			t.Errorf("DeclLine(%q, %q): not found", tc.dir, tc.name)
 			continue
 		}
-		if got := lineText(t, tc.path, line); len(got) < len(tc.want) || got[:len(tc.want)] != tc.want {
-			t.Errorf("FuncLine(%q, %q) = %d: %q", tc.path, tc.name, line, got)
+		if got := lineText(t, path, line); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("DeclLine(%q, %q) = %s:%d: %q", tc.dir, tc.name, path, line, got)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package policies
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -50,25 +49,20 @@ func (p providerCancel) Status(ctx context.Context, key string) (external.Truth,
 }
 
 // markCancelled is mark_cancelled: the policy is CANCELLED, in the
-// transaction that records the provider's confirmation. The same statement
-// returns what cancelling it refunds, remembered for publish_event and the
-// refund's request, which follow in this transaction (workflow.Remember).
+// transaction that records the provider's confirmation.
 func markCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
-	var r refund
-	err := tx.QueryRow(ctx, `
+	tag, err := tx.Exec(ctx, `
 		UPDATE policies
 		   SET status = 'CANCELLED',
 		       updated_at = now()
 		 WHERE id = $1
-		   AND status = 'ACTIVE' -- only the cancellation's own step cancels a policy, once
-		RETURNING `+refundColumns, op.PolicyID).Scan(&r.number, &r.cents, &r.amount)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("policies: policy %d is not ACTIVE", op.PolicyID)
-	}
+		   AND status = 'ACTIVE' -- only the cancellation's own step cancels a policy, once`, op.PolicyID)
 	if err != nil {
 		return "", fmt.Errorf("policies: mark policy cancelled: %w", err)
 	}
-	workflow.Remember(ctx, tx, owedKey(op.PolicyID), r)
+	if tag.RowsAffected() == 0 {
+		return "", fmt.Errorf("policies: policy %d is not ACTIVE", op.PolicyID)
+	}
 	return fmt.Sprintf("policy %d CANCELLED", op.PolicyID), nil
 }
 
@@ -92,15 +86,11 @@ type refund struct {
 	amount string // the same, as decimal text: "120.00"
 }
 
-// owedKey names a policy's refund in a transaction's memo.
-type owedKey int64
-
-// refundOwed returns what cancelling policyID today refunds: as
-// mark_cancelled read it, in the same transaction, or read now.
+// refundOwed returns what cancelling policyID today refunds. publish_event
+// and the refund's request each read it in the transaction that cancels
+// the policy (the same now(), so the same amount), or in the one that
+// resumes a run.
 func refundOwed(ctx context.Context, tx pgx.Tx, policyID int64) (refund, error) {
-	if r, ok := workflow.Recall[refund](ctx, tx, owedKey(policyID)); ok {
-		return r, nil
-	}
 	var r refund
 	if err := tx.QueryRow(ctx, `SELECT `+refundColumns+` FROM policies WHERE id = $1`, policyID).Scan(&r.number, &r.cents, &r.amount); err != nil {
 		return refund{}, fmt.Errorf("policies: refund owed on %d: %w", policyID, err)

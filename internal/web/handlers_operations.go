@@ -215,9 +215,8 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		te := views.TimelineEvent{
 			ID: e.ID, At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),
 			Actor: e.Actor, Owner: shortToken(deref(e.OwnerToken)), Detail: e.Detail, Statement: strings.TrimSpace(e.Statement),
-			Bound: boundText(e.Bound),
 		}
-		te.Writer, te.WriterWhere, te.WriterHref = writerLink(deref(e.Writer))
+		te.StatementName, te.StatementWhere, te.StatementHref = statementLink(e.StatementName)
 		vm.Timeline = append(vm.Timeline, te)
 	}
 	return vm, nil
@@ -346,41 +345,19 @@ func (app *App) identities(ctx context.Context, v operationView, subject string)
 	return ids
 }
 
-// writerLink is a timeline line's writer ("internal/workflow/run.go:(*runner).succeed")
-// as the page shows it: the function, "path:line" and the viewer's link to
-// its declaration ("" when the line is not found).
-func writerLink(writer string) (name, where, href string) {
-	path, name, ok := strings.Cut(writer, ":")
+// statementLink is a timeline line's statement ("workflow.sqlStepSent") as
+// the page shows it: the constant, "path:line" and the viewer's link to its
+// declaration in internal/workflow ("" when it is not found).
+func statementLink(name string) (ident, where, href string) {
+	pkg, ident, ok := strings.Cut(name, ".")
 	if !ok {
-		return writer, "", ""
+		return name, "", ""
 	}
-	line := idemlab.FuncLine(path, name)
-	return name, fmt.Sprintf("%s:%d", path, line), CodeHref(path, line)
-}
-
-// boundText is a statement's values as "$1 = 42" lines.
-func boundText(raw *json.RawMessage) []string {
-	if raw == nil {
-		return nil
+	path, line := idemlab.DeclLine("internal/"+pkg, ident)
+	if line == 0 {
+		return ident, "", ""
 	}
-	var vals []any
-	if json.Unmarshal(*raw, &vals) != nil {
-		return nil
-	}
-	out := make([]string, len(vals))
-	for i, v := range vals {
-		shown := "NULL"
-		if v != nil {
-			if s, ok := v.(string); ok {
-				shown = "'" + s + "'"
-			} else {
-				b, _ := json.Marshal(v)
-				shown = string(b)
-			}
-		}
-		out[i] = fmt.Sprintf("$%d = %s", i+1, shown)
-	}
-	return out
+	return ident, fmt.Sprintf("%s:%d", path, line), CodeHref(path, line)
 }
 
 // callText says what one exchange was.

@@ -129,10 +129,6 @@ func customerTimeline(events []workflow.Event) []workflow.Event {
 	for i, e := range events {
 		e.Detail = redactAddresses(e.Detail)
 		e.OwnerToken = nil
-		if e.Bound != nil {
-			b := json.RawMessage(uuids.ReplaceAll(*e.Bound, []byte("owner token (admins only)")))
-			e.Bound = &b
-		}
 		out[i] = e
 	}
 	return out

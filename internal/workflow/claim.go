@@ -138,8 +138,7 @@ func (e *Engine) claimSkipLocked(ctx context.Context, req recovery.ClaimRequest)
 		if err != nil {
 			return err
 		}
-		claims, err = recordClaims(ctx, tx, req, batch, sqlClaimSkipLocked,
-			e.cfg.Clock.Arg(), req.Limit, req.Actor, req.Lease.Seconds())
+		claims, err = recordClaims(ctx, tx, req, batch, sqlClaimSkipLocked)
 		return err
 	})
 	if err != nil {
@@ -179,8 +178,7 @@ func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimReques
 			if err != nil {
 				return err
 			}
-			got, err = recordClaims(ctx, tx, req, []claimed{c}, sqlClaimTransition,
-				e.cfg.Clock.Arg(), cand.ID, req.Actor, req.Lease.Seconds(), cand.Status)
+			got, err = recordClaims(ctx, tx, req, []claimed{c}, sqlClaimTransition)
 			return err
 		})
 		if err != nil {
@@ -229,7 +227,7 @@ func (c claimed) claim(req recovery.ClaimRequest) recovery.Claim {
 // recoverer starts from them (Claim.Seen) instead of reading each again —
 // and records a claimed event for each, in the claim's transaction: two
 // statements for the whole batch.
-func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, batch []claimed, statement string, bound ...any) ([]recovery.Claim, error) {
+func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, batch []claimed, statement string) ([]recovery.Claim, error) {
 	ops := make([]*Operation, len(batch))
 	for i := range batch {
 		ops[i] = &batch[i].op
@@ -239,11 +237,10 @@ func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, bat
 	}
 	claims := make([]recovery.Claim, len(batch))
 	events := make([]event, len(batch))
-	writer := writerOf()
 	for i, c := range batch {
 		claims[i] = c.claim(req)
 		events[i] = event{op: c.op, from: c.was, actor: req.Actor, branch: BranchClaimed,
-			detail: "claimed for recovery: " + claims[i].Reason, statement: statement, writer: writer, bound: bound}
+			detail: "claimed for recovery: " + claims[i].Reason, statement: nameOf(statement)}
 	}
 	return claims, insertEvents(ctx, tx, events)
 }

@@ -160,7 +160,6 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 	}
 	took.Steps = seen.Steps
 	r.op, r.token = took, *took.OwnerToken
-	r.ran(sqlDecide, []any{seen.ID, d.SeenUpdatedAt, d.Actor})
 	decided, _ := json.Marshal(map[string]string{"decided_by": d.Actor, "decision": string(d.Resolution), "note": d.Note})
 
 	decide := func() error {

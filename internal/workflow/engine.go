@@ -191,12 +191,6 @@ type runner struct {
 	asked []asked
 	// events are the timeline lines noted in the transaction under way.
 	events []event
-	// memo is what the steps of the transaction under way remembered (memo.go).
-	memo *memo
-	// lastSQL and lastArgs are the statement the runner ran last and its
-	// values (ran), for the timeline line that reports it.
-	lastSQL  string
-	lastArgs []any
 }
 
 func (e *Engine) runner(def *Definition, op Operation, actor string) *runner {

@@ -27,15 +27,14 @@ type Event struct {
 	Actor       string    `json:"actor"`
 	OwnerToken  *string   `json:"owner_token"`
 	Detail      string    `json:"detail"`
-	Statement   string    `json:"statement"`
+	// StatementName names the statement that made the transition,
+	// "workflow.sqlStepSent" ("" for none); Statement is its text.
+	StatementName string `json:"statement_name,omitempty"`
+	Statement     string `json:"statement"`
 	// Branch is the recovery decision-tree branch, for recovery events.
 	Branch *string `json:"branch,omitempty"`
 	// Step is the step the event is about (nil: the operation as a whole).
 	Step *string `json:"step,omitempty"`
-	// Writer is the function that wrote it, "path/file.go:Func" (nil on
-	// lines older than the column); Bound is Statement's values, $1 first.
-	Writer *string          `json:"writer,omitempty"`
-	Bound  *json.RawMessage `json:"bound,omitempty"`
 }
 
 // CallRecord is one line of the log of exchanges with other systems.

@@ -490,7 +490,6 @@ func (a *attempt) takeBack(ctx context.Context, why string) (bool, error) {
 		from := a.r.op.Status
 		op.Steps = a.r.op.Steps
 		a.r.op, a.r.token, a.r.branch, taken = op, *op.OwnerToken, BranchReasked, true
-		a.r.ran(sqlTakeBack, []any{a.r.op.ID, a.claim.SeenUpdatedAt, a.claim.Actor, a.budget.Lease.Seconds()})
 		if err := a.r.flushAsked(ctx, tx); err != nil {
 			return err
 		}

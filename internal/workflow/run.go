@@ -1,7 +1,6 @@
 package workflow
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,8 +32,11 @@ type pending struct {
 
 func (r *runner) record(i int) StepRecord { return r.op.Steps[i] }
 
+// crash passes crash point p (and the definition's aliases of it): the
+// process dies there when a lab armed it. Unarmed — always, in production —
+// it costs one atomic load.
 func (r *runner) crash(ctx context.Context, p crash.Point) {
-	if r == nil {
+	if r == nil || !r.e.cfg.Crash.Armed() {
 		return
 	}
 	sw := r.e.cfg.Crash
@@ -68,7 +70,6 @@ func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("workflow: insert steps: %w", err)
 	}
-	r.ran(sqlInsertSteps, []any{r.op.ID, r.op.Run, names, keys, systems})
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
 	if err != nil {
 		return fmt.Errorf("workflow: insert steps: %w", err)
@@ -103,7 +104,7 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 					return nil, err
 				}
 			}
-			detail, err := st.Do(r.stepCtx(ctx, tx), tx, r.op)
+			detail, err := st.Do(ctx, tx, r.op)
 			if err != nil {
 				return nil, fmt.Errorf("workflow: step %s: %w", rec.Name, err)
 			}
@@ -171,7 +172,7 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	rec := r.record(i)
 	request := rec.Request
 	if request == nil {
-		req, err := st.Call.Request(r.stepCtx(ctx, tx), tx, r.op)
+		req, err := st.Call.Request(ctx, tx, r.op)
 		var skip *skipped
 		if errors.As(err, &skip) {
 			answer, _ := json.Marshal(map[string]string{"skipped": skip.why})
@@ -333,7 +334,7 @@ func (r *runner) refuse(ctx context.Context, tx pgx.Tx, i int, why string) error
 		if prev.Undo == nil {
 			continue
 		}
-		detail, err := prev.Undo(r.stepCtx(ctx, tx), tx, r.op)
+		detail, err := prev.Undo(ctx, tx, r.op)
 		if err != nil {
 			return fmt.Errorf("workflow: undo %s: %w", prev.Name, err)
 		}
@@ -490,7 +491,6 @@ func (r *runner) writeStepScan(ctx context.Context, tx pgx.Tx, i int, sql string
 		return fmt.Errorf("workflow: write step %s: %w", rec.Name, err)
 	}
 	r.op.Steps[i] = got
-	r.ran(sql, args)
 	return nil
 }
 
@@ -582,39 +582,27 @@ func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, 
 	}
 	op.Steps = r.op.Steps
 	r.op = op
-	r.ran(sql, args)
 	return r.event(ctx, tx, from, "", detail, sql)
 }
 
 // event notes a line for the timeline: the transition from from (equal to
 // the status now for a step's progress), about step ("" for the operation
-// as a whole). The lines are written together, by flush, at the end of the
-// transaction that made them — so the timeline never shows what rolled
+// as a whole), made by statement sql ("" for none: the line names it,
+// statements.go). The lines are written together, by flush, at the end of
+// the transaction that made them — so the timeline never shows what rolled
 // back, and a transaction of six steps costs one insert, not six.
-func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, statement string) error {
-	ev := event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
-		detail: detail, statement: statement, writer: writerOf()}
-	if statement != "" && statement == r.lastSQL {
-		ev.bound = r.lastArgs
-	}
-	r.events = append(r.events, ev)
+func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, sql string) error {
+	r.events = append(r.events, event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
+		detail: detail, statement: nameOf(sql)})
 	return nil
 }
 
-// ran notes the statement the runner just ran and its values, for the
-// timeline line that reports it (event attaches them when it names the
-// same statement).
-func (r *runner) ran(sql string, args []any) { r.lastSQL, r.lastArgs = sql, args }
-
 const sqlInsertEvents = `
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
-                              writer, bound)
+INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
 SELECT operation_id, nullif(from_status, ''), to_status, actor, owner_token::uuid, detail, statement,
-       nullif(branch, ''), nullif(step, ''), nullif(writer, ''), bound::jsonb
-  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
-              $10::text[], $11::text[])
-       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
-                            writer, bound, n)
+       nullif(branch, ''), nullif(step, '')
+  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step, n)
  ORDER BY n -- in the order they happened: the timeline reads by id`
 
 // flush writes, in tx, the timeline lines and status queries noted since
@@ -637,15 +625,12 @@ func insertEvents(ctx context.Context, tx pgx.Tx, evs []event) error {
 		return nil
 	}
 	ids, from, to, actors, tokens := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
-	details, statements, branches, steps := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	writers, bound := make([]string, n), make([]*string, n)
+	details, names, branches, steps := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	for i, ev := range evs {
 		ids[i], from[i], to[i], actors[i], tokens[i] = ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken
-		details[i], statements[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
-		writers[i], bound[i] = ev.writer, boundJSON(ev.bound)
+		details[i], names[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
 	}
-	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, statements, branches, steps,
-		writers, bound); err != nil {
+	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, names, branches, steps); err != nil {
 		return fmt.Errorf("workflow: record events: %w", err)
 	}
 	return nil
@@ -664,21 +649,18 @@ func (r *runner) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
 
 // event is one line of an operation's timeline.
 type event struct {
-	op                                           Operation
-	from, actor, branch, step, detail, statement string
-	writer                                       string // writerOf: the function that wrote it
-	bound                                        []any  // statement's values, $1 first (nil: not known)
+	op                                Operation
+	from, actor, branch, step, detail string
+	statement                         string // its name (statements.go), "" for none
 }
 
 // recordEvent appends ev in db's transaction, so the timeline never shows
 // what rolled back.
 func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
 	_, err := db.Exec(ctx, `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step,
-		                              writer, bound)
-		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''), nullif($10, ''), $11::jsonb)`,
-		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step,
-		cmp.Or(ev.writer, writerOf()), boundJSON(ev.bound))
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
+		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''))`,
+		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step)
 	if err != nil {
 		return fmt.Errorf("workflow: record event: %w", err)
 	}
@@ -697,12 +679,12 @@ func (r *runner) fenced(ctx context.Context, err error) error {
 	}
 	r.e.metrics.fenced.WithLabelValues(r.def.Type).Inc()
 	_, logErr := r.e.pool.Exec(context.WithoutCancel(ctx), `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch, writer)
-		SELECT id, status, status, $2, $3::uuid, $4, $5, $6
+		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch)
+		SELECT id, status, status, $2, $3::uuid, $4, $5
 		  FROM operations
 		 WHERE id = $1`, r.op.ID, r.actor, r.token,
 		"a late write was refused: this owner token no longer owns the operation, so nothing it meant to write was written",
-		BranchFenced, writerOf())
+		BranchFenced)
 	if logErr != nil {
 		r.e.cfg.Logger.Warn("workflow: could not record a fenced write", "operation", r.op.ID, "err", logErr)
 	}

@@ -22,8 +22,8 @@ import (
 // Timeline returns the operation's events, oldest first.
 func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workflow.Event, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, branch, step,
-		       writer, bound
+		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, '', branch,
+		       step
 		  FROM operation_events
 		 WHERE operation_id = $1
 		 ORDER BY id`, operationID)
@@ -34,7 +34,17 @@ func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workf
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: timeline: %w", err)
 	}
+	for i := range events {
+		events[i].Statement = statementText(events[i].StatementName)
+	}
 	return events, nil
+}
+
+// statementText is the text of the statement a timeline line names
+// (workflow.Statement): "" for none.
+func statementText(name string) string {
+	sql, _ := workflow.Statement(name)
+	return sql
 }
 
 // Calls returns the operation's exchanges with other systems, oldest first.
@@ -150,7 +160,8 @@ func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]R
 		var r RecoveryEvent
 		ev := &r.Event
 		err := row.Scan(&ev.ID, &ev.OperationID, &ev.At, &ev.FromStatus, &ev.ToStatus, &ev.Actor, &ev.OwnerToken,
-			&ev.Detail, &ev.Statement, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
+			&ev.Detail, &ev.StatementName, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
+		ev.Statement = statementText(ev.StatementName)
 		return r, err
 	})
 	if err != nil {
