@@ -63,6 +63,32 @@
 // for clock skew) has passed. docs/workflows.md and docs/recovery.md tell it
 // in full.
 //
+// # What the pages see, and nothing more
+//
+// The engine runs steps and fences writes; it does not know the pages that
+// show it at work. They see it through two small, explicit doors:
+//
+//   - The timeline (operation_events), written by the engine in the
+//     transaction that made each transition — who, from and to, the step,
+//     the recovery branch, a detail a person can decide by — names the
+//     statement behind the transition ("workflow.sqlStepSent", the
+//     constant that holds it: statements.go) and never copies its text or
+//     values. Statement resolves a name to its text; the page finds its
+//     line in the embedded source (idemlab.DeclLine).
+//   - Crash points (Config.Crash): a run passes a named point before and
+//     after each step; a lab or a test arms one and the process dies
+//     there. Unarmed — always, in production — a pass is one atomic load.
+//
+// Delete both and the engine builds, runs and recovers the same.
+//
+// # The surface other packages build on
+//
+//	Engine.Register(Definition)       a workflow: its steps, local (Do) or external (Call)
+//	Engine.Start(…, StartFunc, Hooks)  a request runs a new operation (engine.go)
+//	Engine.ClaimStale, Engine.Recover  the recovery loop's Claimer and Recoverer (claim.go, recover.go)
+//	Engine.Decide                      a person's decision, in the caller's transaction (decide.go)
+//	Restart, ScanOperation, StepKey    for start functions (operation.go)
+//
 // # Invariants the package keeps
 //
 //  1. A step's call carries StepKey(operation, step, run): the same key on
