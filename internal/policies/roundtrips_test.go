@@ -31,12 +31,12 @@ import (
 //	       and publish_event DONE (one statement) · the policy CANCELLED ·
 //	       the refund owed · the outbox · the refund owed · refund SENT
 //	       with its call · the timeline · COMMIT
+//	tx 3:  BEGIN · refund DONE with its answer · audit (DONE, the entry) ·
+//	       SUCCEEDED · the stored answer · the timeline · COMMIT
 //
 // publish_event and the refund's request each read the refund owed (one
 // indexed row): data passes between steps through the database, never
 // through a memo of the transaction, at two round trips.
-//	tx 3:  BEGIN · refund DONE with its answer · audit (DONE, the entry) ·
-//	       SUCCEEDED · the stored answer · the timeline · COMMIT
 func TestACancellationsRoundTrips(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
