@@ -5,7 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"reflect"
+	"net/url"
 	"syscall"
 	"time"
 
@@ -22,11 +22,12 @@ var ErrUnavailable = errors.New("database: unavailable")
 // IsUnavailable reports whether err means the database could not be reached
 // or dropped the connection, as opposed to refusing a statement.
 //
-// Only what came from the database driver counts: a refused connection or an
-// EOF is the database's when pgx's connection layer (pgconn) reported it. The
-// same causes from an HTTP call — the provider or payments away — are theirs,
-// and answering them "database unavailable" would send an operator to the
-// wrong machine.
+// A refused connection or an EOF is classified by where it came from. pgx
+// hands a dead socket's error back as it is (a *net.OpError, io.EOF), so
+// those count as the database's — unless they happened inside an HTTP call:
+// net/http's client wraps every error it returns in a *url.Error, and a
+// provider or payments service that is away is theirs. Answering it
+// "database unavailable" would send an operator to the wrong machine.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -34,6 +35,7 @@ func IsUnavailable(err error) bool {
 	var (
 		connect *pgconn.ConnectError
 		pgErr   *pgconn.PgError
+		call    *url.Error
 	)
 	switch {
 	case errors.Is(err, ErrUnavailable),
@@ -49,45 +51,14 @@ func IsUnavailable(err error) bool {
 			return true
 		}
 		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08" // connection exceptions
+	case errors.As(err, &call):
+		return false // an HTTP call's network failure: the called service's
 	}
-	driver := fromDriver(err)
-	return driver != nil && (errors.Is(driver, io.ErrUnexpectedEOF) || // dropped mid-answer
-		errors.Is(driver, io.EOF) ||
-		errors.Is(driver, syscall.ECONNRESET) ||
-		errors.Is(driver, syscall.ECONNREFUSED) ||
-		errors.Is(driver, syscall.EPIPE))
-}
-
-// pgconnPackage is the import path of pgx's connection layer, whose error
-// types (most of them unexported) wrap every network failure of a query.
-var pgconnPackage = reflect.TypeFor[pgconn.PgError]().PkgPath()
-
-// fromDriver returns the first error in err's chain that pgconn made (its
-// causes below it), or nil when the error never passed through the driver.
-func fromDriver(err error) error {
-	for err != nil {
-		t := reflect.TypeOf(err)
-		if t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if t.PkgPath() == pgconnPackage {
-			return err
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if d := fromDriver(e); d != nil {
-					return d
-				}
-			}
-			return nil
-		default:
-			return nil
-		}
-	}
-	return nil
+	return errors.Is(err, io.ErrUnexpectedEOF) || // dropped mid-answer
+		errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 // WaitFor calls open until it succeeds or fails for a reason other than an

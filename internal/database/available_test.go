@@ -37,9 +37,10 @@ func TestIsUnavailable(t *testing.T) {
 		{errors.New("policies: operation not found"), false},  // a domain error
 		{fmt.Errorf("x: %w", database.ErrUnavailable), true},  // marked by hand
 		{nil, false},
-		// Network failures that never passed through the driver are not
-		// the database's: an HTTP call to the provider ends like this.
-		{fmt.Errorf("users: %w", io.ErrUnexpectedEOF), false},
+		// pgx hands a dead socket's error back unwrapped.
+		{fmt.Errorf("users: %w", io.ErrUnexpectedEOF), true},
+		{fmt.Errorf("users: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}), true},
+		// The same failures inside an HTTP call are the called service's.
 		{fmt.Errorf("labs: %w", &url.Error{Op: "Put", URL: "http://provider/v1/faults",
 			Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}), false},
 	} {
@@ -52,7 +53,7 @@ func TestIsUnavailable(t *testing.T) {
 // Finding 27 of issue 29: with the provider away, a lab answered "database
 // unavailable". The classification goes by where the error came from: the
 // same refused connection and the same EOF count when the driver reports
-// them, and do not when an HTTP client does.
+// them, and do not when an HTTP client does (a *url.Error).
 func TestIsUnavailableByOrigin(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
