@@ -125,6 +125,32 @@ type app struct {
 	proceed chan struct{}
 }
 
+// refusalAnswers are the answers the app's error table
+// (internal/web/errors.go) gives the protocol's refusals.
+var refusalAnswers = []struct {
+	err    error
+	status int
+	typ    string
+	title  string
+}{
+	{idempotency.ErrNotSignedIn, http.StatusUnauthorized, "unauthenticated", "Not signed in"},
+	{idempotency.ErrKeyMissing, http.StatusBadRequest, "idempotency-key-missing", "Idempotency key missing"},
+	{idempotency.ErrKeyMalformed, http.StatusBadRequest, "idempotency-key-malformed", "Idempotency key malformed"},
+	{idempotency.ErrFingerprintMismatch, http.StatusUnprocessableEntity, "idempotency-key-reused", "Idempotency key reused"},
+	{idempotency.ErrInProgress, http.StatusConflict, "request-in-progress", "Request in progress"},
+	{idempotency.ErrBodyUnreadable, http.StatusBadRequest, "request-body-unreadable", "Request body unreadable"},
+	{idempotency.ErrBodyTooLarge, http.StatusRequestEntityTooLarge, "body-too-large", "Request too large"},
+}
+
+func refusalProblem(r *idempotency.Refusal) *problem.Problem {
+	for _, a := range refusalAnswers {
+		if errors.Is(r, a.err) {
+			return problem.New(a.status, a.typ, a.title, r.Detail)
+		}
+	}
+	return problem.New(http.StatusInternalServerError, "internal", "Internal Server Error", "")
+}
+
 func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
 	t.Helper()
 	e := echo.New()
@@ -136,9 +162,12 @@ func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
 			return
 		}
 		var p *problem.Problem
+		var r *idempotency.Refusal
 		var he *echo.HTTPError
 		switch {
 		case errors.As(err, &p):
+		case errors.As(err, &r):
+			p = refusalProblem(r)
 		case errors.As(err, &he):
 			p = problem.New(he.Code, "http-error", http.StatusText(he.Code), "")
 		default:
@@ -175,7 +204,8 @@ func (a *app) server(t testing.TB, cfg idempotency.Config) *httptest.Server {
 	formCfg := cfg
 	formCfg.Scope = scope
 	formCfg.KeyFrom = idempotency.FromFormField
-	formCfg.HTML = func(c echo.Context, p *problem.Problem) error {
+	formCfg.HTML = func(c echo.Context, r *idempotency.Refusal) error {
+		p := refusalProblem(r)
 		return c.HTML(p.Status, "<p class=notice>"+p.Title+"</p>")
 	}
 	forms := e.Group("/forms", idempotency.Middleware(a.store, formCfg))

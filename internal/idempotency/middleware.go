@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-
-	"github.com/idemlab/idemlab/internal/problem"
 )
 
 // Names on the wire.
@@ -48,10 +46,10 @@ type Config struct {
 	// runs before this middleware; ok = false is answered 401.
 	Scope func(c echo.Context) (userID int64, ok bool)
 	// HTML, when set, answers every refusal (missing or malformed key, 409,
-	// 422, …) instead of returning p as an error, so a browser sees a clear
+	// 422, …) instead of returning it as an error, so a browser sees a clear
 	// page rather than problem+json. The middleware has already set
-	// Retry-After when p.Status is 409.
-	HTML func(c echo.Context, p *problem.Problem) error
+	// Retry-After for ErrInProgress.
+	HTML func(c echo.Context, refusal *Refusal) error
 	// WaitInFlight is how long a duplicate waits for the in-flight original to
 	// complete, polling, before it is answered 409. 0 (the default, right for
 	// the API) answers 409 at once; forms may wait a moment so a double-click
@@ -105,9 +103,10 @@ func (cfg Config) withDefaults() Config {
 //     with Complete in the transaction that decides it;
 //   - a COMPLETED row: replay the stored status, headers and body, plus
 //     Idempotent-Replayed: true — no write at all;
-//   - refuse with a *problem.Problem: 400 idempotency-key-missing or
-//     idempotency-key-malformed, 409 request-in-progress (with Retry-After),
-//     422 idempotency-key-reused, 413 body-too-large, 401 unauthenticated.
+//   - refuse with a *Refusal: ErrKeyMissing, ErrKeyMalformed, ErrInProgress
+//     (with Retry-After), ErrFingerprintMismatch, ErrBodyTooLarge,
+//     ErrBodyUnreadable, ErrNotSignedIn — the app's error table answers each
+//     (400 idempotency-key-missing, 409 request-in-progress, …).
 //
 // After the handler returns an error:
 //
@@ -142,8 +141,7 @@ type middleware struct {
 func (m *middleware) serve(c echo.Context, next echo.HandlerFunc) error {
 	userID, ok := m.cfg.Scope(c)
 	if !ok {
-		return m.refuse(c, problem.New(http.StatusUnauthorized, "unauthenticated",
-			"Not signed in", "Sign in before sending a request with an idempotency key."))
+		return m.refuse(c, &Refusal{ErrNotSignedIn, "Sign in before sending a request with an idempotency key."})
 	}
 	body, p := readBody(c, m.cfg.MaxBodyBytes)
 	if p != nil {
@@ -241,29 +239,26 @@ func (m *middleware) answerFromStore(c echo.Context, ctx context.Context, attemp
 func (m *middleware) answer(c echo.Context, attempt *Attempt, rec *Record) error {
 	switch {
 	case !bytes.Equal(rec.Fingerprint, attempt.fingerprint):
-		return m.refuse(c, problem.New(http.StatusUnprocessableEntity, "idempotency-key-reused",
-			"Idempotency key reused",
-			"This idempotency key was already used for a different request (method, path or body). Use a new key for a new request."))
+		return m.refuse(c, &Refusal{ErrFingerprintMismatch,
+			"This idempotency key was already used for a different request (method, path or body). Use a new key for a new request."})
 	case rec.Status == StatusCompleted:
 		return replay(c, rec.Response)
 	case m.cfg.WaitInFlight > 0 && c.Get(waitedKey) == nil:
 		return m.answerFromStore(c, c.Request().Context(), attempt)
 	}
 	c.Response().Header().Set("Retry-After", strconv.Itoa(int((m.cfg.RetryAfter+time.Second-1)/time.Second)))
-	return m.refuse(c, problem.New(http.StatusConflict, "request-in-progress",
-		"Request in progress",
-		"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."))
+	return m.refuse(c, &Refusal{ErrInProgress,
+		"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."})
 }
 
 // waitedKey marks a request that already waited WaitInFlight for its original.
 const waitedKey = "idempotency.waited"
 
-func (m *middleware) refuse(c echo.Context, p *problem.Problem) error {
-	p.Instance = c.Request().URL.Path
+func (m *middleware) refuse(c echo.Context, r *Refusal) error {
 	if m.cfg.HTML != nil {
-		return m.cfg.HTML(c, p)
+		return m.cfg.HTML(c, r)
 	}
-	return p
+	return r
 }
 
 // replay sends a stored response again, byte for byte.
@@ -329,7 +324,7 @@ func ParseKeyHeader(value string) (string, error) {
 	return key, ValidateKey(key)
 }
 
-func (m *middleware) key(r *http.Request, body []byte) (string, *problem.Problem) {
+func (m *middleware) key(r *http.Request, body []byte) (string, *Refusal) {
 	var (
 		raw     []string
 		where   string
@@ -346,12 +341,10 @@ func (m *middleware) key(r *http.Request, body []byte) (string, *problem.Problem
 		raw, present = r.Header[http.CanonicalHeaderKey(HeaderName)]
 	}
 	if !present {
-		return "", problem.New(http.StatusBadRequest, "idempotency-key-missing", "Idempotency key missing",
-			"This request changes state, so it needs an idempotency key in "+where+": a unique value (such as a UUID) per intended operation, repeated unchanged on every retry.")
+		return "", &Refusal{ErrKeyMissing, "This request changes state, so it needs an idempotency key in " + where + ": a unique value (such as a UUID) per intended operation, repeated unchanged on every retry."}
 	}
-	malformed := func(detail string) *problem.Problem {
-		return problem.New(http.StatusBadRequest, "idempotency-key-malformed", "Idempotency key malformed",
-			"Bad idempotency key in "+where+": "+detail+".")
+	malformed := func(detail string) *Refusal {
+		return &Refusal{ErrKeyMalformed, "Bad idempotency key in " + where + ": " + detail + "."}
 	}
 	if len(raw) != 1 {
 		return "", malformed("it was sent more than once")
@@ -373,7 +366,7 @@ func (m *middleware) key(r *http.Request, body []byte) (string, *problem.Problem
 
 // readBody reads the whole body (at most limit bytes) and puts it back so the
 // handler can read it again.
-func readBody(c echo.Context, limit int64) ([]byte, *problem.Problem) {
+func readBody(c echo.Context, limit int64) ([]byte, *Refusal) {
 	r := c.Request()
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -381,11 +374,10 @@ func readBody(c echo.Context, limit int64) ([]byte, *problem.Problem) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	r.Body.Close()
 	if err != nil {
-		return nil, problem.New(http.StatusBadRequest, "request-body-unreadable", "Request body unreadable", err.Error())
+		return nil, &Refusal{ErrBodyUnreadable, err.Error()}
 	}
 	if int64(len(body)) > limit {
-		return nil, problem.New(http.StatusRequestEntityTooLarge, "body-too-large", "Request too large",
-			fmt.Sprintf("The request body is over %d bytes.", limit))
+		return nil, &Refusal{ErrBodyTooLarge, fmt.Sprintf("The request body is over %d bytes.", limit)}
 	}
 	if len(body) == 0 && len(r.PostForm) > 0 {
 		// A middleware before us parsed the form (CSRF protection reads its

@@ -37,6 +37,28 @@ var (
 	ErrNotFound = errors.New("idempotency: key not found")
 )
 
+// The middleware's refusals before any work, as *Refusal. With
+// ErrFingerprintMismatch (a key reused) and ErrInProgress (its request still
+// runs) they are every "no" of the protocol; the app's error table gives
+// each its answer.
+var (
+	ErrNotSignedIn    = errors.New("idempotency: not signed in")
+	ErrKeyMissing     = errors.New("idempotency: key missing")
+	ErrKeyMalformed   = errors.New("idempotency: key malformed")
+	ErrBodyUnreadable = errors.New("idempotency: request body unreadable")
+	ErrBodyTooLarge   = errors.New("idempotency: request body too large")
+)
+
+// Refusal is one refusal of the protocol: Err says which (errors.Is finds
+// it), Detail what the client should do about it, in words for people.
+type Refusal struct {
+	Err    error
+	Detail string
+}
+
+func (r *Refusal) Error() string { return r.Detail }
+func (r *Refusal) Unwrap() error { return r.Err }
+
 // Key statuses, as stored in idempotency_keys.status.
 const (
 	StatusInProgress = "IN_PROGRESS"

@@ -1,6 +1,7 @@
 package web
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/fault"
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
@@ -21,9 +23,60 @@ import (
 	"github.com/idemlab/idemlab/views"
 )
 
-// errorTable is the one place where a domain error becomes an HTTP answer:
-// its status, its stable problem type (docs/api.md lists them) and a title.
-// The detail is the error's own text, which domain packages write for people.
+// The web layer's own refusals — bad input, no session, a form that
+// expired — are these kinds. A handler says which with refuse, in its own
+// words; errorTable decides the answer, as for every domain error.
+var (
+	errInvalidParameter     = errors.New("web: invalid parameter")
+	errNoSuchResource       = errors.New("web: no such resource")
+	errValidation           = errors.New("web: validation failed")
+	errInvalidJSON          = errors.New("web: invalid JSON")
+	errUnsupportedMediaType = errors.New("web: unsupported media type")
+	errBodyUnreadable       = errors.New("web: request body unreadable")
+	errBodyTooLarge         = errors.New("web: request body too large")
+	errUnauthenticated      = errors.New("web: authentication required")
+	errForbidden            = errors.New("web: forbidden")
+	errCSRF                 = errors.New("web: form expired or forged")
+	errRateLimited          = errors.New("web: rate limited")
+	errFaultUnreadable      = errors.New("web: fault form unreadable")
+	errInvalidCrashPoint    = errors.New("web: invalid crash point")
+	errCrashPointNotHere    = errors.New("web: that crash point cannot be armed from a form")
+	errConfirmationRequired = errors.New("web: confirmation required")
+	errProviderRejected     = errors.New("web: the provider refused the cancellation")
+)
+
+// refusal is one refusal of a kind above (or of a domain sentinel), in the
+// words of the place that refused: a title ("" for the table's), the
+// detail, and members a client can act on.
+type refusal struct {
+	kind    error
+	title   string
+	detail  string
+	members []member
+}
+
+type member struct {
+	name  string
+	value any
+}
+
+// refuse is a refusal of kind, worded at the place that refuses.
+func refuse(kind error, title, detail string) *refusal {
+	return &refusal{kind: kind, title: title, detail: detail}
+}
+
+// With adds a member to the answer's JSON.
+func (r *refusal) With(name string, value any) *refusal {
+	r.members = append(r.members, member{name, value})
+	return r
+}
+
+func (r *refusal) Error() string { return r.detail }
+func (r *refusal) Unwrap() error { return r.kind }
+
+// errorTable is the one place where an error becomes an HTTP answer: its
+// status, its stable problem type (docs/api.md lists them) and a title. The
+// detail is the error's own text, which domain packages write for people.
 var errorTable = []struct {
 	err    error
 	status int
@@ -56,6 +109,33 @@ var errorTable = []struct {
 	{labs.ErrRunNotFound, http.StatusNotFound, "not-found", "Lab run not found"},
 	{labs.ErrUnavailable, http.StatusServiceUnavailable, "lab-unavailable", "The lab cannot run here"},
 	{labs.ErrNoLiveLease, http.StatusConflict, "no-live-lease", "No running lease to end"},
+
+	// The idempotency protocol's refusals (internal/idempotency).
+	{idempotency.ErrNotSignedIn, http.StatusUnauthorized, "unauthenticated", "Not signed in"},
+	{idempotency.ErrKeyMissing, http.StatusBadRequest, "idempotency-key-missing", "Idempotency key missing"},
+	{idempotency.ErrKeyMalformed, http.StatusBadRequest, "idempotency-key-malformed", "Idempotency key malformed"},
+	{idempotency.ErrFingerprintMismatch, http.StatusUnprocessableEntity, "idempotency-key-reused", "Idempotency key reused"},
+	{idempotency.ErrInProgress, http.StatusConflict, "request-in-progress", "Request in progress"},
+	{idempotency.ErrBodyUnreadable, http.StatusBadRequest, "request-body-unreadable", "Request body unreadable"},
+	{idempotency.ErrBodyTooLarge, http.StatusRequestEntityTooLarge, "body-too-large", "Request too large"},
+
+	// The web layer's own (refuse).
+	{errInvalidParameter, http.StatusBadRequest, "invalid-parameter", "Invalid parameter"},
+	{errNoSuchResource, http.StatusNotFound, "not-found", "Not found"},
+	{errValidation, http.StatusUnprocessableEntity, "validation-failed", "Invalid input"},
+	{errInvalidJSON, http.StatusBadRequest, "invalid-json", "Invalid JSON"},
+	{errUnsupportedMediaType, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type"},
+	{errBodyUnreadable, http.StatusBadRequest, "body-unreadable", "Request body unreadable"},
+	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large"},
+	{errUnauthenticated, http.StatusUnauthorized, "unauthenticated", "Authentication required"},
+	{errForbidden, http.StatusForbidden, "forbidden", "Forbidden"},
+	{errCSRF, http.StatusForbidden, "csrf-token-invalid", "Form expired or forged"},
+	{errRateLimited, http.StatusTooManyRequests, "rate-limited", "Too many requests"},
+	{errFaultUnreadable, http.StatusBadRequest, "invalid-fault", "Invalid fault"},
+	{errInvalidCrashPoint, http.StatusBadRequest, "invalid-crash-point", "Invalid crash point"},
+	{errCrashPointNotHere, http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point"},
+	{errConfirmationRequired, http.StatusUnprocessableEntity, "confirmation-required", "Confirmation required"},
+	{errProviderRejected, http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown
@@ -73,9 +153,18 @@ func toProblem(err error) (*problem.Problem, bool) {
 			"the database cannot be reached right now; nothing was changed — retry after the time in Retry-After"), true
 	}
 	for _, row := range errorTable {
-		if errors.Is(err, row.err) {
-			return enrich(problem.New(row.status, row.typ, row.title, publicDetail(err)), err), true
+		if !errors.Is(err, row.err) {
+			continue
 		}
+		var r *refusal
+		if errors.As(err, &r) {
+			p := problem.New(row.status, row.typ, cmp.Or(r.title, row.title), r.detail)
+			for _, m := range r.members {
+				p.With(m.name, m.value)
+			}
+			return p, true
+		}
+		return enrich(problem.New(row.status, row.typ, row.title, publicDetail(err)), err), true
 	}
 	var he *echo.HTTPError
 	if errors.As(err, &he) {

@@ -3,7 +3,6 @@ package web
 import (
 	"bytes"
 	"encoding/base64"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/idemlab/idemlab/internal/demo"
 	"github.com/idemlab/idemlab/internal/idempotency"
-	"github.com/idemlab/idemlab/internal/problem"
 )
 
 // Fuzz tests of every parser of untrusted input in the HTTP layer. `go
@@ -54,8 +52,8 @@ func FuzzListParams(f *testing.F) {
 		req.URL.RawQuery = query
 		lp, err := parseListParams(e.NewContext(req, httptest.NewRecorder()))
 		if err != nil {
-			var p *problem.Problem
-			if !errors.As(err, &p) || p.Status != http.StatusBadRequest || p.Extra["parameter"] == nil {
+			p, known := toProblem(err)
+			if !known || p.Status != http.StatusBadRequest || p.Extra["parameter"] == nil {
 				t.Fatalf("%q: %v, want 400 invalid-parameter naming it", query, err)
 			}
 			return
@@ -87,8 +85,8 @@ func FuzzDecodeJSON(f *testing.F) {
 				}
 				continue
 			}
-			var p *problem.Problem
-			if !errors.As(err, &p) || (p.Status != http.StatusBadRequest && p.Status != http.StatusUnsupportedMediaType) {
+			p, known := toProblem(err)
+			if !known || (p.Status != http.StatusBadRequest && p.Status != http.StatusUnsupportedMediaType) {
 				t.Fatalf("%q into %T: %v, want a 400 or 415 problem", body, target, err)
 			}
 			for _, w := range []string{"web.", "demo.", "Go ", "json:", "struct"} {
@@ -107,8 +105,8 @@ func FuzzValidText(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		err := validText("reason", s, maxTextLength)
 		if err != nil {
-			var p *problem.Problem
-			if !errors.As(err, &p) || p.Status != http.StatusUnprocessableEntity || p.Extra["field"] != "reason" {
+			p, known := toProblem(err)
+			if !known || p.Status != http.StatusUnprocessableEntity || p.Extra["field"] != "reason" {
 				t.Fatalf("%q: %v, want 422 naming the field", s, err)
 			}
 			return

@@ -13,7 +13,6 @@ import (
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/labs"
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
 )
@@ -33,7 +32,7 @@ func (app *App) handlePutCrash(c echo.Context) error {
 		return err
 	}
 	if err := app.crash.Arm(s); err != nil {
-		return problem.New(http.StatusBadRequest, "invalid-crash-point", "Invalid crash point", err.Error())
+		return refuse(errInvalidCrashPoint, "Invalid crash point", err.Error())
 	}
 	return c.JSON(http.StatusOK, app.crash.Setting())
 }
@@ -45,11 +44,11 @@ func (app *App) handlePutCrash(c echo.Context) error {
 func (app *App) handleCrashForm(c echo.Context) error {
 	s := crash.Setting{At: crash.Point(c.FormValue("at")), Mode: crash.Abandon, Once: true}
 	if !inRequest(s.At) {
-		return problem.New(http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point",
+		return refuse(errCrashPointNotHere, "Invalid crash point",
 			fmt.Sprintf("%q is passed by a background loop, not a request: abandoning there takes the process down; arm it with PUT /api/v1/admin/crash", s.At))
 	}
 	if err := app.crash.Arm(s); err != nil {
-		return problem.New(http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point", err.Error())
+		return refuse(errCrashPointNotHere, "Invalid crash point", err.Error())
 	}
 	u, _ := userFrom(c)
 	logFrom(c.Request().Context()).Warn("crash point armed from the demo page", "by", u.Name, "at", s.At)
@@ -141,7 +140,7 @@ func (app *App) resetDemo(c echo.Context, d demo.Dataset) ([]demo.Account, error
 	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
 	var bad *demo.DatasetError
 	if errors.As(err, &bad) {
-		return nil, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid dataset",
+		return nil, refuse(errValidation, "Invalid dataset",
 			fmt.Sprintf("%s must be %d to %d", bad.Field, bad.Min, bad.Max)).With("field", bad.Field)
 	}
 	if err != nil {
@@ -186,7 +185,7 @@ func (app *App) handleDemoPage(c echo.Context) error {
 // itself, and the same reset twice leaves the same data.
 func (app *App) handleResetForm(c echo.Context) error {
 	if c.FormValue("confirm") != "reset" {
-		return problem.New(http.StatusUnprocessableEntity, "confirmation-required", "Confirm the reset",
+		return refuse(errConfirmationRequired, "Confirm the reset",
 			"tick the box that says you understand the reset deletes everything, then press Reset again; nothing was changed")
 	}
 	if _, err := app.resetDemo(c, demo.DefaultDataset()); err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
@@ -84,7 +83,7 @@ func (app *App) handlePutInjectorAPI(c echo.Context) error {
 
 func (app *App) setInjector(ctx context.Context, in injectorBody) error {
 	if in.Consumer != "" && in.Consumer != events.ConsumerNotifications && in.Consumer != events.ConsumerLedger {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid consumer",
+		return refuse(errValidation, "Invalid consumer",
 			"consumer must be notifications, ledger or empty for both").With("field", "consumer")
 	}
 	if in.Mode == "" {
@@ -92,11 +91,11 @@ func (app *App) setInjector(ctx context.Context, in injectorBody) error {
 	}
 	mode, err := events.ParseMode(in.Mode)
 	if err != nil {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid mode",
+		return refuse(errValidation, "Invalid mode",
 			fmt.Sprintf("mode must be one of %v", events.Modes)).With("field", "mode")
 	}
 	if in.Count < 1 || in.Count > 1000 {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid count",
+		return refuse(errValidation, "Invalid count",
 			"count must be a whole number from 1 to 1000").With("field", "count")
 	}
 	_, err = app.injector.Set(ctx, mode, in.Consumer, in.Count)
@@ -141,7 +140,7 @@ func (app *App) handleReplayForm(c echo.Context) error {
 func (app *App) replay(c echo.Context, answer answerer[events.Replayed]) error {
 	id, err := uuid.Parse(c.Param("id"))
 	if err != nil {
-		return problem.New(http.StatusNotFound, "not-found", "Not found", "no event with that id")
+		return refuse(errNoSuchResource, "Not found", "no event with that id")
 	}
 	return respond(c, answer, func(hooks workflow.Hooks[events.Replayed]) error {
 		_, err := events.ReplayDead(c.Request().Context(), app.pool, id, hooks)

@@ -10,7 +10,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/fault"
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
@@ -267,12 +266,12 @@ func (s fakeAdmin) faultFromForm(c echo.Context, base fault.Fault) (fault.Fault,
 
 // invalidFault is a fault setting a fake refused: 422 invalid-fault naming
 // the field.
-func invalidFault(e *fault.InvalidError) *problem.Problem {
-	return problem.New(http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault", e.Message).With("field", e.Field)
+func invalidFault(e *fault.InvalidError) *refusal {
+	return refuse(fault.ErrInvalidFault, "Invalid fault", e.Message).With("field", e.Field)
 }
 
-func invalidFormFault(detail string) *problem.Problem {
-	return problem.New(http.StatusBadRequest, "invalid-fault", "Invalid fault", detail)
+func invalidFormFault(detail string) *refusal {
+	return refuse(errFaultUnreadable, "Invalid fault", detail)
 }
 
 // faultView is one fault setting as the pages show it.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
@@ -131,8 +130,9 @@ func cancelAnswer(op workflow.Operation) (idempotency.Response, error) {
 		if op.LastError != nil {
 			reason = *op.LastError
 		}
-		return problemResponse(problem.New(http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation", reason).
+		p, _ := toProblem(refuse(errProviderRejected, "The provider refused the cancellation", reason).
 			With("operation_id", op.ID).With("operation_url", operationURL(op.ID)))
+		return problemResponse(p)
 	default: // IN_PROGRESS: the outcome is unknown; it is not a failure
 		resp, err := idempotency.JSONResponse(http.StatusAccepted, op)
 		resp.Header.Set(echo.HeaderLocation, operationURL(op.ID))

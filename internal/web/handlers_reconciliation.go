@@ -14,7 +14,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/reconciliation"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -528,7 +527,7 @@ func (app *App) handleAskAPI(c echo.Context) error {
 		return err
 	}
 	if len(in.IDs) > deskLimit {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Too many operations",
+		return refuse(errValidation, "Too many operations",
 			fmt.Sprintf("operation_ids may name at most %d operations", deskLimit)).With("field", "operation_ids")
 	}
 	ids, err := app.askIDs(c.Request().Context(), in.IDs)
@@ -636,7 +635,7 @@ func (app *App) handleResolveAPI(c echo.Context) error {
 func (app *App) handleResolveForm(c echo.Context) error {
 	seen, err := time.Parse(time.RFC3339Nano, c.FormValue("seen_updated_at"))
 	if err != nil {
-		return problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid form", "the form lacks the state it was shown for; reload the page")
+		return refuse(errInvalidParameter, "Invalid form", "the form lacks the state it was shown for; reload the page")
 	}
 	in := resolveBody{Action: c.FormValue("action"), SeenUpdatedAt: seen, TruthSeen: c.FormValue("truth_seen"), Note: c.FormValue("note")}
 	return app.resolve(c, in, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
@@ -681,15 +680,15 @@ func (app *App) resolveRequest(c echo.Context, id int64, action string, seen tim
 	prefix := strings.Join(field, "")
 	res, ok := reconciliation.ParseResolution(action)
 	if !ok {
-		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid action",
+		return reconciliation.ResolveRequest{}, refuse(errValidation, "Invalid action",
 			"action must be mark_done (or mark_cancelled), retry or mark_failed").With("field", prefix+"action")
 	}
 	if seen.IsZero() {
-		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing state",
+		return reconciliation.ResolveRequest{}, refuse(errValidation, "Missing state",
 			"seen_updated_at must be the operation's updated_at as you saw it").With("field", prefix+"seen_updated_at")
 	}
 	if truthSeen != "" && !slices.Contains(truthFilters, truthSeen) {
-		return reconciliation.ResolveRequest{}, problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid truth_seen",
+		return reconciliation.ResolveRequest{}, refuse(errValidation, "Invalid truth_seen",
 			"truth_seen must be one of "+strings.Join(truthFilters, ", ")).With("field", prefix+"truth_seen")
 	}
 	if err := validText("note", note, maxTextLength); err != nil {
@@ -752,7 +751,7 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 		return err
 	}
 	if len(in.Decisions) == 0 || len(in.Decisions) > maxBatch {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid decisions",
+		return refuse(errValidation, "Invalid decisions",
 			fmt.Sprintf("decisions must hold from 1 to %d decisions", maxBatch)).With("field", "decisions")
 	}
 	if err := validText("note", in.Note, maxTextLength); err != nil {
@@ -762,7 +761,7 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 	for i, d := range in.Decisions {
 		prefix := fmt.Sprintf("decisions[%d].", i)
 		if d.OperationID <= 0 {
-			return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid operation_id",
+			return refuse(errValidation, "Invalid operation_id",
 				"operation_id must be a positive whole number").With("field", prefix+"operation_id")
 		}
 		if err := validText(prefix+"note", d.Note, maxTextLength); err != nil {
@@ -798,7 +797,7 @@ func (app *App) handleDecideForm(c echo.Context) error {
 	}
 	items := form["item"]
 	if len(items) == 0 || len(items) > maxBatch {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid form",
+		return refuse(errValidation, "Invalid form",
 			fmt.Sprintf("a bulk decision names from 1 to %d items", maxBatch)).With("field", "item")
 	}
 	note := c.FormValue("note")
@@ -814,7 +813,7 @@ func (app *App) handleDecideForm(c echo.Context) error {
 			}
 		}
 		if len(parts) != 3 || err != nil {
-			return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid form",
+			return refuse(errValidation, "Invalid form",
 				"every item must be id|seen_updated_at|truth as the desk rendered it; reload the page").With("field", "item")
 		}
 		req, err := app.resolveRequest(c, id, c.FormValue("action"), seen, parts[2], note)

@@ -5,7 +5,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -34,7 +33,7 @@ func (app *App) handlePutSystem(c echo.Context) error {
 		return err
 	}
 	if in.BelievedIdempotent == nil {
-		return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Missing belief",
+		return refuse(errValidation, "Missing belief",
 			"believed_idempotent must be true or false").With("field", "believed_idempotent")
 	}
 	u, _ := userFrom(c)

@@ -11,7 +11,6 @@ import (
 	"github.com/a-h/templ"
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/views"
 )
@@ -84,8 +83,8 @@ func parseListParams(c echo.Context) (listParams, error) {
 	return lp, nil
 }
 
-func invalidParam(name, detail string) *problem.Problem {
-	return problem.New(http.StatusBadRequest, "invalid-parameter", "Invalid parameter", detail).With("parameter", name)
+func invalidParam(name, detail string) *refusal {
+	return refuse(errInvalidParameter, "Invalid parameter", detail).With("parameter", name)
 }
 
 // page of a list: the items and the cursor of the next page (null on the last).
@@ -115,7 +114,7 @@ func newListPage[T any](rows []T, limit int, id func(T) int64) listPage[T] {
 func pathID(c echo.Context, name string) (int64, error) {
 	id, err := parseID(c.Param(name))
 	if err != nil {
-		return 0, problem.New(http.StatusNotFound, "not-found", "Not found", "no "+name+" with that id")
+		return 0, refuse(errNoSuchResource, "Not found", "no "+name+" with that id")
 	}
 	return id, nil
 }

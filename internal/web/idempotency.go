@@ -151,7 +151,8 @@ func userScope(c echo.Context) (int64, bool) {
 }
 
 // formNotice explains a refused form submission in words.
-func (app *App) formNotice(c echo.Context, p *problem.Problem) error {
+func (app *App) formNotice(c echo.Context, refusal *idempotency.Refusal) error {
+	p, _ := toProblem(refusal)
 	n := views.Notice{Title: p.Title, Message: p.Detail, Back: c.Request().Referer(), BackLabel: "Back"}
 	switch p.Type {
 	case "request-in-progress":

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net/http"
 	"reflect"
 	"strings"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/fault"
-	"github.com/idemlab/idemlab/internal/problem"
 )
 
 // Untrusted input is checked here, before it reaches a store: a JSON body
@@ -56,7 +54,7 @@ func decodeJSON(c echo.Context, v any) error {
 func decodeBody(c echo.Context, body []byte, v any) error {
 	ct := c.Request().Header.Get(echo.HeaderContentType)
 	if mt, _, _ := mime.ParseMediaType(ct); mt != echo.MIMEApplicationJSON {
-		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+		return refuse(errUnsupportedMediaType, "Unsupported media type",
 			"send the body as application/json")
 	}
 	if !utf8.Valid(body) {
@@ -77,13 +75,13 @@ func decodeBody(c echo.Context, body []byte, v any) error {
 	return nil
 }
 
-func invalidJSON(detail string) *problem.Problem {
-	return problem.New(http.StatusBadRequest, "invalid-json", "Invalid JSON", detail)
+func invalidJSON(detail string) *refusal {
+	return refuse(errInvalidJSON, "Invalid JSON", detail)
 }
 
 // jsonProblem says what encoding/json found wrong, in terms of the JSON the
 // client sent: the field's JSON name and the kind of value it takes.
-func jsonProblem(err error, v any) *problem.Problem {
+func jsonProblem(err error, v any) *refusal {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
@@ -184,7 +182,7 @@ func validText(field, value string, max int) error {
 	default:
 		return nil
 	}
-	return problem.New(http.StatusUnprocessableEntity, "validation-failed", "Invalid "+field, detail).With("field", field)
+	return refuse(errValidation, "Invalid "+field, detail).With("field", field)
 }
 
 func isControl(r rune) bool {

@@ -17,7 +17,6 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/users"
 )
 
@@ -108,7 +107,7 @@ func (app *App) authenticateBearer(next echo.HandlerFunc) echo.HandlerFunc {
 
 func unauthenticated(c echo.Context, detail string) error {
 	c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="idemlab"`)
-	return problem.New(http.StatusUnauthorized, "unauthenticated", "Authentication required", detail)
+	return refuse(errUnauthenticated, "Authentication required", detail)
 }
 
 // requireSignIn sends signed-out visitors to the sign-in page.
@@ -135,7 +134,7 @@ func (app *App) limitFormWrites(next echo.HandlerFunc) echo.HandlerFunc {
 func requireAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if u, ok := userFrom(c); !ok || !u.IsAdmin() {
-			return problem.New(http.StatusForbidden, "forbidden", "Admins only", "this action needs the admin account")
+			return refuse(errForbidden, "Admins only", "this action needs the admin account")
 		}
 		return next(c)
 	}
@@ -218,7 +217,7 @@ func limitBody(limit int64) echo.MiddlewareFunc {
 			body, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 			req.Body.Close()
 			if err != nil {
-				return problem.New(http.StatusBadRequest, "body-unreadable", "Request body unreadable",
+				return refuse(errBodyUnreadable, "Request body unreadable",
 					"the request body could not be read to its end")
 			}
 			if int64(len(body)) > limit {
@@ -231,8 +230,8 @@ func limitBody(limit int64) echo.MiddlewareFunc {
 	}
 }
 
-func bodyTooLarge(limit int64) *problem.Problem {
-	return problem.New(http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+func bodyTooLarge(limit int64) *refusal {
+	return refuse(errBodyTooLarge, "Request body too large",
 		fmt.Sprintf("the request body is larger than the %d bytes this server accepts", limit))
 }
 

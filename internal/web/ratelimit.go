@@ -16,7 +16,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/database"
-	"github.com/idemlab/idemlab/internal/problem"
 )
 
 // Rate limits: token buckets per client address or per user, kept in
@@ -212,7 +211,7 @@ func tooManyRequests(c echo.Context, l *limiter, wait time.Duration) error {
 		secs = 1
 	}
 	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
-	return problem.New(http.StatusTooManyRequests, "rate-limited", "Too many requests",
+	return refuse(errRateLimited, "Too many requests",
 		fmt.Sprintf("at most %s for this kind of request (%s); try again in %d s", l.rate, l.name, secs)).
 		With("limit", l.name)
 }

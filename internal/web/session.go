@@ -11,7 +11,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/users"
 )
 
@@ -155,7 +154,7 @@ func (app *App) csrfProtection(next echo.HandlerFunc) echo.HandlerFunc {
 			sent = c.FormValue(csrfField)
 		}
 		if binding == "" || !hmac.Equal([]byte(sent), []byte(app.csrfTokenFor(binding))) {
-			return problem.New(http.StatusForbidden, "csrf-token-invalid", "Form expired or forged",
+			return refuse(errCSRF, "Form expired or forged",
 				"the form's CSRF token is missing or wrong; reload the page and try again")
 		}
 		c.Set(csrfTokenKey, app.csrfTokenFor(binding))
