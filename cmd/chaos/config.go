@@ -37,6 +37,7 @@ type config struct {
 	DelayEvery         time.Duration
 	FlipEvery          time.Duration
 	DBEvery            time.Duration
+	FailoverEvery      time.Duration // 0: one database server, no failover
 
 	// The app's settings for the run: short leases and quick recovery, so
 	// a 1–4 s pause outlives a lease and a handed-over operation is
@@ -91,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.DelayEvery, "delay-every", 10*time.Second, "mean time between network delay windows (0: none)")
 	fs.DurationVar(&c.FlipEvery, "flip-every", 8*time.Second, "mean time between fault-mode flips (0: none)")
 	fs.DurationVar(&c.DBEvery, "db-every", 10*time.Second, "mean time between database restarts (0: none)")
+	fs.DurationVar(&c.FailoverEvery, "failover-every", 0, "mean time between PostgreSQL failovers: the primary killed, its synchronous standby promoted, a new standby made (0: one server, none)")
 
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
 	fs.DurationVar(&c.ProviderTimeout, "provider-timeout", time.Second, "PROVIDER_TIMEOUT and PAYMENTS_TIMEOUT of the app")
@@ -154,8 +156,8 @@ func (c config) settings() []string {
 	return []string{
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
 		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
-		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s",
-			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery),
+		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s",
+			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery),
 		fmt.Sprintf("EVENTS_TRANSPORT=%s", c.Transport),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}

@@ -80,7 +80,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 
 	r.say("starting a private PostgreSQL")
 	var err error
-	if r.db, err = cluster.Start(r.dir); err != nil {
+	if r.db, err = cluster.Start(r.dir, cfg.FailoverEvery > 0); err != nil {
 		return r, err
 	}
 	onExit := nemesis.OnExit(r.log)
@@ -244,7 +244,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 		Seed: r.cfg.Seed, KillEvery: r.cfg.KillEvery, CrashShare: r.cfg.CrashShare,
 		HoldShare: r.cfg.HoldShare, NotIdempotentShare: r.cfg.NotIdempotentShare,
 		PauseEvery: r.cfg.PauseEvery, DelayEvery: r.cfg.DelayEvery, FlipEvery: r.cfg.FlipEvery,
-		DBEvery: r.cfg.DBEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
+		DBEvery: r.cfg.DBEvery, FailoverEvery: r.cfg.FailoverEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
 	}, nemesis.Targets{
 		Apps:       r.apps,
 		Fakes:      r.fakes,
@@ -367,7 +367,7 @@ func (r *chaosRun) progress(ctx context.Context) <-chan struct{} {
 			r.say("%4.0fs  intents %d (answered %d)  requests %d  5xx %d  kills %d  pauses %d  delays %d  db %d  flips %d",
 				time.Since(start).Seconds(), len(intents), answered, requests, fivexx,
 				kinds[history.Kill]+kinds[history.CrashKill], kinds[history.Pause], kinds[history.Delay]+kinds[history.Hold],
-				kinds[history.DBRestart]+kinds[history.DBDown], kinds[history.Flip])
+				kinds[history.DBRestart]+kinds[history.DBDown]+kinds[history.Failover], kinds[history.Flip])
 		}
 	}()
 	return done

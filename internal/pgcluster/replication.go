@@ -130,6 +130,29 @@ func (c *Cluster) CaughtUp(primary *Cluster) error {
 	})
 }
 
+// SetSynchronous makes the (promoted) primary wait for StandbyName at every
+// commit, or stop waiting (ALTER SYSTEM and a reload: no restart).
+func (c *Cluster) SetSynchronous(on bool) error {
+	names := ""
+	if on {
+		names = StandbyName
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = `+quote(names)); err != nil {
+		return fmt.Errorf("pgcluster: set synchronous_standby_names: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		return fmt.Errorf("pgcluster: reload: %w", err)
+	}
+	return nil
+}
+
 // PauseStreaming stops the standby receiving the primary's log (its
 // primary_conninfo emptied and reloaded), as a lagging or cut-off standby
 // would; ResumeStreaming reconnects it. A primary that waits for this

@@ -39,6 +39,9 @@ type Config struct {
 	DelayEvery time.Duration // a window of 0.6–2.5 s delays, or held calls
 	FlipEvery  time.Duration // a new fault mode at a fake
 	DBEvery    time.Duration // an immediate restart, or a stop of 1–3 s
+	// FailoverEvery: the primary killed and its synchronous standby
+	// promoted (the run's database started with a standby).
+	FailoverEvery time.Duration
 	// CrashPoints are the points a crash kill may arm.
 	CrashPoints []string
 	// HoldShare is the share of network windows that hold calls instead of
@@ -135,6 +138,7 @@ func (n *Nemesis) Run(ctx context.Context) {
 	every(3, n.cfg.DelayEvery, n.delay)
 	every(4, n.cfg.FlipEvery, n.flip)
 	every(5, n.cfg.DBEvery, n.restartDB)
+	every(6, n.cfg.FailoverEvery, n.failover)
 	loops.Wait()
 	n.actions.Wait()
 }
@@ -317,6 +321,16 @@ func (n *Nemesis) restartDB(ctx context.Context, rng *rand.Rand) {
 	down := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 	away, err := n.t.DB.DownFor(down)
 	n.log.Injected(history.Fault{Kind: history.DBDown, Target: "postgres", Start: start, End: start.Add(away), Detail: errDetail(err)})
+}
+
+// failover kills the primary and promotes its synchronous standby: no
+// acknowledged key may be lost (docs/scaling.md).
+func (n *Nemesis) failover(ctx context.Context, rng *rand.Rand) {
+	n.actions.Add(1)
+	defer n.actions.Done()
+	start := time.Now()
+	away, err := n.t.DB.Failover()
+	n.log.Injected(history.Fault{Kind: history.Failover, Target: "postgres", Start: start, End: start.Add(away), Detail: errDetail(err)})
 }
 
 // Heal lifts every fault: delays and holds, armed crash points, fault

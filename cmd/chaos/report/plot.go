@@ -23,6 +23,7 @@ var lanes = []struct {
 	{history.Belief, "belief", "#4d7c0f"},
 	{history.DBRestart, "db restart", "#c2410c"},
 	{history.DBDown, "db down", "#9a3412"},
+	{history.Failover, "db failover", "#be123c"},
 	{history.Exit, "exit (finding)", "#000000"},
 }
 

@@ -153,6 +153,9 @@ func (s Summary) Text(w io.Writer) {
 	fmt.Fprintf(w, "  pauses          %d\n", s.Faults[history.Pause])
 	fmt.Fprintf(w, "  network delays  %d (%d windows of delay, %d of held calls)\n", s.DelayWindows(), s.Faults[history.Delay], s.Faults[history.Hold])
 	fmt.Fprintf(w, "  db restarts     %d (%d immediate, %d down for a while)\n", s.DBRestarts(), s.Faults[history.DBRestart], s.Faults[history.DBDown])
+	if n := s.Faults[history.Failover]; n > 0 {
+		fmt.Fprintf(w, "  db failovers    %d (the primary killed, the synchronous standby promoted)\n", n)
+	}
 	fmt.Fprintf(w, "  fault flips     %d (belief changes %d)\n", s.Faults[history.Flip], s.Faults[history.Belief])
 	fmt.Fprintf(w, "  exits on own    %d\n", s.Faults[history.Exit])
 	fmt.Fprintf(w, "  intents         %d (%s)\n", sum(s.Intents), counts(s.Intents))
