@@ -1,5 +1,7 @@
 # idemlab — everyday commands. `make help` lists them.
 
+SHELL := /bin/bash
+
 # The tests create their databases on this server (see internal/testdb).
 DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable
 export DATABASE_URL
@@ -7,13 +9,13 @@ export DATABASE_URL
 # The same build as the Dockerfile (deploy_test.go keeps that one honest).
 GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w"
 
-.PHONY: help run devdb-stop build test generate lint bench fuzz chaos
+.PHONY: help run devdb-stop build test test-short generate lint bench fuzz chaos
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-run: ## run the demo locally (DEMO_MODE=true, in-process fakes); no PostgreSQL at DATABASE_URL: a private one in tmp/pg
-	DATABASE_URL="$$(scripts/devdb.sh)" DEMO_MODE=true go run ./cmd/web serve
+run: ## run the demo locally (DEMO_MODE=true, in-process fakes); no PostgreSQL at DATABASE_URL: a private one in tmp/pg; no NATS at NATS_URL: an embedded one, data in tmp/nats
+	DATABASE_URL="$$(scripts/devdb.sh)" DEMO_MODE=true NATS_DATA_DIR="$${NATS_DATA_DIR:-tmp/nats}" go run ./cmd/web serve
 
 devdb-stop: ## stop the private PostgreSQL `make run` started in tmp/pg (its data stays)
 	scripts/devdb.sh stop
@@ -21,9 +23,20 @@ devdb-stop: ## stop the private PostgreSQL `make run` started in tmp/pg (its dat
 build: ## build bin/web exactly as the Dockerfile does
 	$(GO_BUILD) -o bin/web ./cmd/web
 
-test: ## start PostgreSQL if needed, then run every test with the race detector
-	scripts/ensure-postgres.sh
-	go test -race -count=1 -timeout 9m ./...
+# The two tiers (docs/testing.md). Both start with scripts/test-deps.sh
+# (PostgreSQL started, redis-server and Chromium installed when missing; NATS
+# and Kafka are embedded in the tests). TEST_P packages run at once: with
+# their pools, the suite holds at most 60 PostgreSQL connections (measured:
+# scripts/connpeak.sh). A package out of time says in one line which tests
+# were running (scripts/timeouts.awk); the timeouts fit a loaded machine.
+TEST_P ?= 2
+test: ## the full tier, as CI runs it: every test with the race detector, browsers and the chaos soak included
+	scripts/test-deps.sh
+	set -o pipefail; go test -race -count=1 -p $(TEST_P) -timeout 20m ./... 2>&1 | awk -f scripts/timeouts.awk
+
+test-short: ## the tier to run while working: go test -short (no browser, chaos soak, child processes or database restarts)
+	scripts/test-deps.sh short
+	set -o pipefail; go test -short -count=1 -p $(TEST_P) -timeout 5m ./... 2>&1 | awk -f scripts/timeouts.awk
 
 generate: ## regenerate templ components (*_templ.go are committed)
 	go tool templ generate

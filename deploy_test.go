@@ -17,6 +17,8 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // loadCompose loads docker-compose.yml with compose-go, the library behind
@@ -439,6 +441,7 @@ func TestDockerfileBuildCommand(t *testing.T) {
 // TestDockerfileBuild runs the Dockerfile's build command as written, only
 // writing the binary into a temporary directory instead of /out.
 func TestDockerfileBuild(t *testing.T) {
+	testenv.SkipIfShort(t, "builds the app with go build")
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skip("sh not found")
 	}

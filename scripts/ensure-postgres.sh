@@ -2,9 +2,11 @@
 # ensure-postgres.sh — make sure PostgreSQL answers at $DATABASE_URL.
 #
 # 1. If it already answers, do nothing.
-# 2. Otherwise, if a Docker engine is reachable, start the compose `db`
+# 2. Otherwise, if Debian's cluster is installed but stopped (a fresh CI
+#    machine), start it: pg_ctlcluster <newest version> main start.
+# 3. Otherwise, if a Docker engine is reachable, start the compose `db`
 #    service and wait for its healthcheck.
-# 3. Otherwise, explain what to do and exit 1.
+# 4. Otherwise, explain what to do and exit 1.
 #
 # The probe is `pg_isready` when installed, else a TCP connect to the host and
 # port parsed from the URL (bash's /dev/tcp), so a bare machine with only Go
@@ -63,6 +65,19 @@ where="${where/ /:}"
 if answers; then
 	echo "ensure-postgres: PostgreSQL answers at $where"
 	exit 0
+fi
+
+if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ] && [ -n "$(ls /etc/postgresql)" ]; then
+	version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+	echo "ensure-postgres: nothing answers at $where; starting Debian's PostgreSQL $version cluster"
+	pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+	for _ in $(seq 1 60); do
+		if answers; then
+			echo "ensure-postgres: PostgreSQL answers at $where"
+			exit 0
+		fi
+		sleep 1
+	done
 fi
 
 if command -v docker >/dev/null 2>&1 && timeout 15 docker info >/dev/null 2>&1; then

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // TestAMinuteOfChaosBreaksNoPromise is the chaos run of make test: the
@@ -16,6 +18,7 @@ import (
 // violation fails the test with the run's summary; the report, history and
 // logs stay in the test's folder (printed on failure).
 func TestAMinuteOfChaosBreaksNoPromise(t *testing.T) {
+	testenv.SkipIfShort(t, "the chaos soak: processes killed, paused and restarted")
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // TestScenariosAgainstTheRealApp is the smoke run of `make test`: the web
@@ -22,6 +23,7 @@ import (
 // a couple of seconds at low concurrency; each must end with the
 // invariants ok and nothing else wrong (run returns nil: exit status 0).
 func TestScenariosAgainstTheRealApp(t *testing.T) {
+	testenv.SkipIfShort(t, "builds the app and runs it as a child process")
 	url, _ := startApp(t)
 	cases := []struct {
 		scenario string
@@ -58,6 +60,7 @@ func TestScenariosAgainstTheRealApp(t *testing.T) {
 }
 
 func TestAFailingRunReturnsErrFailed(t *testing.T) {
+	testenv.SkipIfShort(t, "builds the app and runs it as a child process")
 	// Against an address nothing listens on, the reset fails: an error, not
 	// a silent pass.
 	err := run(t.Context(), []string{"-url", "http://127.0.0.1:1", "-duration", "1s"}, io.Discard, io.Discard)
@@ -70,6 +73,7 @@ func TestAFailingRunReturnsErrFailed(t *testing.T) {
 // and the report counts only what came after; -vacuum then vacuumed and
 // analysed the app's database before the clock started.
 func TestAWarmupIsDrivenButNotMeasured(t *testing.T) {
+	testenv.SkipIfShort(t, "builds the app and runs it as a child process")
 	url, db := startApp(t)
 	var out bytes.Buffer
 	err := run(t.Context(), []string{

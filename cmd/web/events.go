@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
@@ -27,6 +28,12 @@ type eventsConfig struct {
 	// delivers them — the same split as `web recover` for recovery.
 	Workers bool
 	NATSURL string // NATS_URL
+	// NATSEmbed: NATS_URL was not set, so when nothing answers at the
+	// default URL this process runs the embedded server (events.NATSServer)
+	// there, its streams in NATSDataDir (NATS_DATA_DIR, "" = a temporary
+	// folder) — as it runs the embedded Kafka broker without KAFKA_BROKERS.
+	NATSEmbed   bool
+	NATSDataDir string
 	// Stream and Subject (EVENTS_STREAM, EVENTS_SUBJECT) default to names
 	// carrying the database's name, so two idemlab databases sharing one
 	// NATS server (the test suite's) never read each other's events.
@@ -59,9 +66,12 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 	ec := eventsConfig{
 		Workers: true,
 		NATSURL: or(getenv("NATS_URL"), nats.DefaultURL),
-		Stream:  getenv("EVENTS_STREAM"),
-		Subject: getenv("EVENTS_SUBJECT"),
-		Topic:   getenv("EVENTS_TOPIC"),
+		// A NATS_URL asked for is used as given, answering or not.
+		NATSEmbed:   getenv("NATS_URL") == "",
+		NATSDataDir: getenv("NATS_DATA_DIR"),
+		Stream:      getenv("EVENTS_STREAM"),
+		Subject:     getenv("EVENTS_SUBJECT"),
+		Topic:       getenv("EVENTS_TOPIC"),
 
 		KafkaAddr:    or(getenv("KAFKA_ADDR"), "127.0.0.1:9092"),
 		KafkaDataDir: getenv("KAFKA_DATA_DIR"),
@@ -306,6 +316,32 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 	<-ctx.Done()
 }
 
+// embedNATS starts the embedded NATS server when the NATS transport is in
+// use, NATS_URL was not set and nothing answers at its default (cfg.NATSURL),
+// and points cfg at it. It returns the sentence the Events page shows about
+// it ("" when the configured server is used) and what stops it.
+func embedNATS(cfg *eventsConfig, logger *slog.Logger) (note string, stop func(), err error) {
+	if cfg.Transport != events.TransportNATS || !cfg.NATSEmbed {
+		return "", func() {}, nil
+	}
+	addr := strings.TrimPrefix(cfg.NATSURL, "nats://")
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		return "", func() {}, nil
+	}
+	srv, err := events.StartNATSServer(events.NATSServerConfig{Addr: addr, DataDir: cfg.NATSDataDir})
+	if err != nil {
+		return "", nil, fmt.Errorf("nothing answers at %s and the embedded NATS server did not start (set NATS_URL): %w", cfg.NATSURL, err)
+	}
+	logger.Info("events: nothing answers at NATS_URL's default: running an embedded NATS server with JetStream",
+		"url", srv.URL(), "data_dir", srv.DataDir())
+	note = fmt.Sprintf("No NATS server answered at %s and NATS_URL is unset, so this process runs an embedded NATS server "+
+		"with JetStream (the server's own Go library) at %s, its streams in %s. Set NATS_URL to use another.",
+		cfg.NATSURL, srv.URL(), srv.DataDir())
+	cfg.NATSURL = srv.URL()
+	return note, srv.Close, nil
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-ctx.Done():
@@ -336,6 +372,11 @@ func eventsOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.
 	if cfg.Events.Transport == events.TransportTasks && (cfg.Events.Tasks.PushURL == "" || cfg.Events.Tasks.tokenMadeUp) {
 		return errors.New("web events with EVENTS_TRANSPORT=tasks needs TASKS_PUSH_URL and TASKS_PUSH_TOKEN: the app instances serve the pushes")
 	}
+	_, stopNATS, err := embedNATS(&cfg.Events, logger)
+	if err != nil {
+		return err
+	}
+	defer stopNATS()
 	run := newEventsRuntime(cfg.Events, pool, direct, cfg.InstanceID, sw, events.NewMetrics(nil), logger)
 	fmt.Fprintf(stdout, "events %q running (%s)\n", cfg.InstanceID, cfg.Events.Transport)
 	run.Run(ctx)

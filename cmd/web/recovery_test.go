@@ -19,6 +19,7 @@ import (
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // TestMain lets a test re-execute this test binary as the server: with
@@ -36,7 +37,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.StopNATS()
+	os.Exit(code)
 }
 
 // externalProvider serves the fake provider from the test process, outside
@@ -72,8 +75,10 @@ func (c *childServer) waitExit(t *testing.T, d time.Duration) *os.ProcessState {
 
 func startChild(t *testing.T, env map[string]string) *childServer {
 	t.Helper()
+	testenv.SkipIfShort(t, "runs the app in a child process")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "IDEMLAB_CHILD=1", "IDEMLAB_CHILD_ARGS=serve", "DEMO_MODE=true")
+	cmd.Env = append(os.Environ(), "IDEMLAB_CHILD=1", "IDEMLAB_CHILD_ARGS=serve", "DEMO_MODE=true",
+		"NATS_URL="+testenv.NATSURL(t)) // the test's, which outlives the child
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}

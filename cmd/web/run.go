@@ -121,6 +121,16 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	if err != nil {
 		return err
 	}
+	// Events: without NATS_URL and with nothing answering at its default,
+	// an embedded NATS server (the workers' broker, so only where they run).
+	var brokerNote string
+	if cfg.Events.Workers {
+		var stopNATS func()
+		if brokerNote, stopNATS, err = embedNATS(&cfg.Events, logger); err != nil {
+			return err
+		}
+		defer stopNATS()
+	}
 	eventsRun := newEventsRuntime(cfg.Events, pool, direct, cfg.InstanceID, crashes, events.NewMetrics(registry), logger)
 	tasksPush, err := eventsRun.pushHandler()
 	if err != nil {
@@ -143,7 +153,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// Requests that wait for an outcome (Prefer: wait=N) are woken by one
 	// LISTEN connection per process, to the database itself.
 	waiter := operations.NewWaiter(pool, direct.Config().ConnConfig, logger)
-	app := web.New(webConfig(cfg), web.Deps{
+	webCfg := webConfig(cfg)
+	webCfg.EventsBroker = brokerNote
+	app := web.New(webCfg, web.Deps{
 		Logger:          logger,
 		Accounts:        accounts,
 		Secret:          secret,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // testServer is the real program — run(), migrations, seed, Echo, every
@@ -48,6 +49,7 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 		"KAFKA_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=kafka, an embedded broker of its own
 		"TASKS_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=tasks, a fake task queue of its own
 		"DB_MAX_CONNS":   "10",
+		"NATS_URL":       testenv.NATSURL(t), // the machine's, or one embedded in the test binary
 		// The tests drive the demo: demo accounts, reset, crash switch.
 		"DEMO_MODE": "true",
 	}

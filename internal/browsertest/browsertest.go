@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // ChromiumPath is where Debian's chromium package installs the browser;
@@ -26,6 +28,7 @@ const ChromiumPath = "/usr/bin/chromium"
 // nothing.
 func New(t testing.TB) context.Context {
 	t.Helper()
+	testenv.SkipIfShort(t, "starts Chromium")
 	path := ChromiumPath
 	if p := os.Getenv("CHROMIUM"); p != "" {
 		path = p

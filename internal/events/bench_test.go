@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // BenchmarkDrain: N events (EVENTS_BENCH_N, default 10,000) committed to
@@ -41,7 +42,7 @@ func drain(b *testing.B, transport string, n int) {
 	b.StopTimer()
 	var bd *bundle
 	if transport == events.TransportNATS {
-		bd = setupNATS(b, sharedNATS, events.NATSConfig{})
+		bd = setupNATS(b, testenv.NATSURL(b), events.NATSConfig{})
 	} else {
 		bd = setupRiver(b)
 	}
@@ -124,7 +125,7 @@ func BenchmarkLagAtRate(b *testing.B) {
 func lagAtRate(b *testing.B, transport string, rate, secs int) {
 	var bd *bundle
 	if transport == events.TransportNATS {
-		bd = setupNATS(b, sharedNATS, events.NATSConfig{})
+		bd = setupNATS(b, testenv.NATSURL(b), events.NATSConfig{})
 	} else {
 		bd = setupRiver(b)
 	}

@@ -18,10 +18,6 @@ import (
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
-// sharedNATS is the machine's JetStream server; every test names its own
-// stream and subjects, so tests of several packages can share it.
-const sharedNATS = "nats://127.0.0.1:4222"
-
 type bundle struct {
 	db       *testdb.DB
 	nc       *nats.Conn
@@ -46,7 +42,8 @@ func uniqueName(prefix string) string {
 }
 
 // setupNATS returns a fresh database and a JetStream stream of the test's
-// own on the server at url.
+// own on the server at url (testenv.NATSURL: every test names its own
+// stream and subjects, so tests of several packages can share one server).
 func setupNATS(t testing.TB, url string, cfg events.NATSConfig) *bundle {
 	t.Helper()
 	ctx := context.Background()

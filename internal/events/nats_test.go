@@ -14,11 +14,12 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 func TestNATSEveryEventAppliedOncePerConsumer(t *testing.T) {
 	t.Parallel()
-	b := setupNATS(t, sharedNATS, events.NATSConfig{})
+	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{})
 	ids := b.write(t, 20)
 	relay := b.relay(t, events.RelayConfig{Batch: 8})
 	c, err := relay.RunOnce(context.Background())
@@ -41,7 +42,7 @@ func TestNATSEveryEventAppliedOncePerConsumer(t *testing.T) {
 // last id I sent" would skip the event that committed second.
 func TestRelayPublishesEventsCommittedInReverseOrder(t *testing.T) {
 	t.Parallel()
-	b := setupNATS(t, sharedNATS, events.NATSConfig{})
+	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{})
 	ctx := context.Background()
 	relay := b.relay(t, events.RelayConfig{})
 
@@ -116,7 +117,7 @@ func TestRelayCrashAfterPublishBeforeMarkPublishesAgain(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setupNATS(t, sharedNATS, events.NATSConfig{DuplicateWindow: tc.window})
+			b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{DuplicateWindow: tc.window})
 			ctx := context.Background()
 			ids := b.write(t, 3)
 			dying := b.relay(t, events.RelayConfig{Lease: 200 * time.Millisecond,
@@ -156,7 +157,7 @@ func TestRelayCrashAfterPublishBeforeMarkPublishesAgain(t *testing.T) {
 
 func TestConsumerCrashAfterCommitBeforeAckIsRedeliveredAndDeduped(t *testing.T) {
 	t.Parallel()
-	b := setupNATS(t, sharedNATS, events.NATSConfig{AckWait: time.Second})
+	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{AckWait: time.Second})
 	ctx := context.Background()
 	ids := b.write(t, 1)
 	if _, err := b.relay(t, events.RelayConfig{}).RunOnce(ctx); err != nil {
@@ -190,7 +191,7 @@ func TestInjectorModesOnNATS(t *testing.T) {
 	for _, mode := range events.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			b := setupNATS(t, sharedNATS, events.NATSConfig{AckWait: time.Second, DuplicateWindow: time.Second})
+			b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{AckWait: time.Second, DuplicateWindow: time.Second})
 			checkInjectedMode(t, b, mode, func(ctx context.Context) *events.Relay {
 				relay := b.relay(t, events.RelayConfig{})
 				if _, err := relay.RunOnce(ctx); err != nil {
@@ -327,7 +328,7 @@ func (b *bundle) brokerDuplicates(t testing.TB, id uuid.UUID) int {
 
 func TestRetentionDeletesOldSentRowsInBatches(t *testing.T) {
 	t.Parallel()
-	b := setupNATS(t, sharedNATS, events.NATSConfig{})
+	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{})
 	ctx := context.Background()
 	b.write(t, 7)
 	relay := b.relay(t, events.RelayConfig{Retention: time.Hour, PurgeBatch: 2})
@@ -354,7 +355,7 @@ func TestRetentionDeletesOldSentRowsInBatches(t *testing.T) {
 
 func TestReplayOnlyDeadRows(t *testing.T) {
 	t.Parallel()
-	b := setupNATS(t, sharedNATS, events.NATSConfig{})
+	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{})
 	ctx := context.Background()
 	id := b.write(t, 1)[0]
 	if err := events.Replay(ctx, b.db.Pool, id); !errors.Is(err, events.ErrNotDead) {

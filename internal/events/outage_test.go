@@ -4,20 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/idemlab/idemlab/internal/events"
 )
 
-// privateNATS is a nats-server of the test's own, on a free port, so the
-// test can stop and start it without touching the shared one.
+// privateNATS is an embedded NATS server of the test's own, on a free port,
+// so the test can stop and start it (same port, same store) without
+// touching the shared one.
 type privateNATS struct {
 	t     testing.TB
 	port  int
 	store string
-	cmd   *exec.Cmd
+	srv   *events.NATSServer
 }
 
 func startPrivateNATS(t testing.TB) *privateNATS {
@@ -38,24 +38,17 @@ func (s *privateNATS) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s
 
 func (s *privateNATS) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("/usr/sbin/nats-server", "-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.store)
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("nats-server: %v", err)
+	srv, err := events.StartNATSServer(events.NATSServerConfig{Addr: fmt.Sprintf("127.0.0.1:%d", s.port), DataDir: s.store})
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	waitFor(s.t, 10*time.Second, "the private nats-server to listen", func() bool {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", s.port))
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	s.srv = srv
 }
 
 func (s *privateNATS) stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-		s.cmd = nil
+	if s.srv != nil {
+		s.srv.Close()
+		s.srv = nil
 	}
 }
 

@@ -21,7 +21,8 @@ import (
 // Config is what the labs need from the environment.
 type Config struct {
 	// RedisURL is the Redis the Redis lab keeps its keys in (REDIS_URL).
-	// Default redis://127.0.0.1:6379/0.
+	// Default redis://127.0.0.1:6379/0. When nothing answers there, the lab
+	// runs on a private redis-server (RedisServer) instead.
 	RedisURL string
 	// RedisPrefix starts every key the labs write to that Redis. Default
 	// "idemlab:labs:<database>:", so databases sharing one Redis (the

@@ -69,8 +69,26 @@ const (
 const redisCompleteAt labCrash = "after_business_commit"
 
 func runRedis(ctx context.Context, e *env) ([]Variant, error) {
-	if err := e.redis.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("%w: Redis does not answer (REDIS_URL): %v", ErrUnavailable, err)
+	rdb := e.redis
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		// Nothing at REDIS_URL (a bare machine): the lab runs on a private
+		// redis-server of its own, its keys gone with it when the run ends.
+		if _, missing := exec.LookPath(e.cfg.RedisServer); missing != nil {
+			return nil, fmt.Errorf("%w: Redis does not answer at REDIS_URL (%v), and there is no %s to start a private one: "+
+				"install it (Debian: apt-get install redis-server) or set REDIS_URL to a Redis that answers", ErrUnavailable, err, e.cfg.RedisServer)
+		}
+		private, err := startPrivateRedis(ctx, e.cfg.RedisServer)
+		if err != nil {
+			return nil, err
+		}
+		e.cfg.Logger.Info("labs: nothing answers at REDIS_URL: the Redis lab runs on a private redis-server", "port", private.port)
+		defer func() {
+			private.close()
+			e.mu.Lock()
+			e.redisKeys = nil // nothing left to delete
+			e.mu.Unlock()
+		}()
+		rdb = private.client
 	}
 	sys, err := e.system(systemLabs)
 	if err != nil {
@@ -82,7 +100,7 @@ func runRedis(ctx context.Context, e *env) ([]Variant, error) {
 		store       func() keyStore
 		constrained bool
 	}
-	redisStore := func() keyStore { return brokenRedisStore{rdb: e.redis, lease: redisLease, keyOf: e.redisKey} }
+	redisStore := func() keyStore { return brokenRedisStore{rdb: rdb, lease: redisLease, keyOf: e.redisKey} }
 	pgStore := pgKeys(idempotency.NewStore(e.lab, redisLease, time.Hour), e.user)
 	var out []Variant
 	for _, s := range []spec{

@@ -1,6 +1,10 @@
 package pgcluster
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/idemlab/idemlab/internal/testenv"
+)
 
 // ForTest starts a cluster for one test and closes it when the test ends.
 // It never skips: without the server binaries (or, as root, without an
@@ -8,6 +12,7 @@ import "testing"
 // because a suite that skips its crash tests proves nothing.
 func ForTest(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	testenv.SkipIfShort(t, "starts a PostgreSQL server of its own")
 	c, err := Start(opts)
 	if err != nil {
 		t.Fatalf("pgcluster: %v", err)

@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,15 @@ import (
 
 // DefaultURL is used when DATABASE_URL is unset; it matches the Makefile.
 const DefaultURL = "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// PoolSize bounds each test database's own pool (DB.Pool). The suite's
+// budget is 60 connections on the shared server (docs/testing.md): a test
+// holds this many at most, a server it starts its own DB_MAX_CONNS more.
+const PoolSize = 8
+
+// namePrefix starts every test database's name; the rest is its creation
+// time (Unix seconds) and a random suffix.
+const namePrefix = "idemlab_test_"
 
 // DB is one fresh database: its URL (for starting a server process against
 // it) and a pool for the test's own queries.
@@ -52,7 +62,9 @@ func New(t testing.TB) *DB {
 	if err != nil {
 		t.Fatalf("testdb: template: %v", err)
 	}
-	name := "idemlab_test_" + randomHex(6)
+	// The name carries its creation time: a later run drops the leftovers
+	// of a killed one (sweepLeftovers) by age, never a live database.
+	name := fmt.Sprintf("%s%d_%s", namePrefix, time.Now().Unix(), randomHex(6))
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
 		t.Fatalf("testdb: connect %s: %v", redact(admin), err)
@@ -64,7 +76,7 @@ func New(t testing.TB) *DB {
 	db := &DB{Name: name, URL: withDatabase(admin, name)}
 	t.Cleanup(func() { drop(admin, name) })
 
-	pool, err := database.Open(ctx, db.URL, 20)
+	pool, err := database.Open(ctx, db.URL, PoolSize)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
@@ -106,6 +118,7 @@ func createTemplate(ctx context.Context, admin string) (string, error) {
 		return "", fmt.Errorf("connect %s: %w", redact(admin), err)
 	}
 	defer conn.Close(ctx)
+	sweepLeftovers(ctx, conn)
 	// pg_advisory_lock is per session: held until unlock or disconnect.
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(727001)`); err != nil {
 		return "", err
@@ -163,6 +176,38 @@ func migrationsHash() (string, error) {
 	// River's schema is a Go migration (internal/database/river.go).
 	fmt.Fprintf(h, "river\x00%d\x00%d\x00", database.RiverMigrationVersion, database.RiverVersion())
 	return hex.EncodeToString(h.Sum(nil)), err
+}
+
+// processStart is when this test binary started: a test database older
+// than it, with nobody connected, is a leftover of a run that was killed
+// before its cleanups ran (go test -timeout, a SIGKILL).
+var processStart = time.Now()
+
+// sweepLeftovers drops the test databases earlier runs left behind: created
+// before this process started (with a minute's margin for a clock step) and
+// with no session on them — another run's live databases always have their
+// test's pool connected. Best effort: a failure leaves them for the next run.
+func sweepLeftovers(ctx context.Context, conn *pgx.Conn) {
+	rows, err := conn.Query(ctx, `
+		SELECT d.datname
+		FROM pg_database d
+		WHERE d.datname LIKE $1 || '%'
+		  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, namePrefix)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		created, _, ok := strings.Cut(strings.TrimPrefix(name, namePrefix), "_")
+		unix, err := strconv.ParseInt(created, 10, 64)
+		if !ok || err != nil || !time.Unix(unix, 0).Before(processStart.Add(-time.Minute)) {
+			continue // not ours to judge: an older naming, or a live run's
+		}
+		conn.Exec(ctx, fmt.Sprintf(`DROP DATABASE IF EXISTS %s WITH (FORCE)`, pgx.Identifier{name}.Sanitize()))
+	}
 }
 
 func drop(admin, name string) {

@@ -212,6 +212,7 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	}
 	v := views.EventsView{
 		Admin: u.IsAdmin(), Instance: app.cfg.InstanceID, Transport: o.Transport, Guarantee: guarantees[o.Transport],
+		Broker:  app.cfg.EventsBroker,
 		Pending: o.Pending, Sent: o.Sent, Dead: o.Dead, BrokerDups: o.BrokerDuplicates,
 		ConsumerNames: events.Consumers, ReplayKey: newFormKey, Transports: app.transportRows(o),
 	}

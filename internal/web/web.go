@@ -60,6 +60,10 @@ type Config struct {
 	PaymentsTimeout     time.Duration // PAYMENTS_TIMEOUT: shown on the payments page
 	EventsWindow        time.Duration // EVENTS_DUPLICATE_WINDOW: shown on the Events page
 	TasksWindow         time.Duration // TASKS_DEDUPE_WINDOW: shown on the Events page
+	// EventsBroker says, on the Events page, which broker carries the events
+	// when it is not the one configured (the embedded NATS server); "" says
+	// nothing.
+	EventsBroker string
 }
 
 // Deps are the parts the handlers call. cmd/web builds them once per

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemlab/idemlab/cmd/chaos/history"
 	"github.com/idemlab/idemlab/cmd/chaos/procs"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // The test binary plays the app instances and the fake: with
@@ -92,6 +93,7 @@ func journalLines(t *testing.T, path string) []string {
 // The harness must never be the cause of a double effect: the app hears
 // "not idempotent" before the fake becomes so, and "idempotent" only after.
 func TestTheAppIsToldBeforeTheFakeStopsBeingIdempotent(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	n, f, journal := setup(t, "BELIEF_ENDPOINT=1")
 	if !n.beliefAtRun {
@@ -119,6 +121,7 @@ func TestTheAppIsToldBeforeTheFakeStopsBeingIdempotent(t *testing.T) {
 // Without the endpoint, both instances restart with the variable before
 // the fake changes.
 func TestWithoutTheEndpointBothInstancesRestartFirst(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	n, f, journal := setup(t)
 	if n.beliefAtRun {
@@ -136,6 +139,7 @@ func TestWithoutTheEndpointBothInstancesRestartFirst(t *testing.T) {
 // Never both instances at once: while one is disturbed the other is left
 // alone.
 func TestOnlyOneAppInstanceIsDisturbedAtATime(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	n, _, _ := setup(t, "BELIEF_ENDPOINT=1")
 	rng := rand.New(rand.NewPCG(1, 1))

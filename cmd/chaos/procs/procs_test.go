@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // The test binary is its own child process: with CHAOS_TEST_CHILD set it
@@ -84,6 +86,7 @@ func start(t *testing.T, mode string, ex *exits) *Process {
 }
 
 func TestAKilledProcessIsReportedAndStartedAgain(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	var ex exits
 	p := start(t, "serve", &ex)
@@ -106,6 +109,7 @@ func TestAKilledProcessIsReportedAndStartedAgain(t *testing.T) {
 }
 
 func TestACrashPointExitIsToldFromAnExitOnItsOwn(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	var crashed, exited exits
 	start(t, "crash", &crashed)
@@ -124,6 +128,7 @@ func TestACrashPointExitIsToldFromAnExitOnItsOwn(t *testing.T) {
 }
 
 func TestAPausedProcessDoesNotServeUntilResumed(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	var ex exits
 	p := start(t, "serve", &ex)
@@ -143,6 +148,7 @@ func TestAPausedProcessDoesNotServeUntilResumed(t *testing.T) {
 }
 
 func TestARestartIsNotAKill(t *testing.T) {
+	testenv.SkipIfShort(t, "starts child processes")
 	t.Parallel()
 	var ex exits
 	p := start(t, "serve", &ex)
