@@ -49,12 +49,10 @@ need() {
 need redis-server redis-server
 if [ "$tier" != short ]; then
 	need "${CHROMIUM:-/usr/bin/chromium}" chromium
-	if [ ! -x /usr/sbin/pgbouncer ] && [ "$(id -u)" = 0 ]; then
+	if [ ! -x /usr/sbin/pgbouncer ]; then
 		need /usr/sbin/pgbouncer pgbouncer
 		# Debian starts a system pgbouncer on 6432; the tests start their own.
 		(command -v systemctl >/dev/null 2>&1 && systemctl stop pgbouncer) >/dev/null 2>&1 || true
-	else
-		need /usr/sbin/pgbouncer pgbouncer
 	fi
 fi
 if [ ${#missing[@]} -gt 0 ]; then
