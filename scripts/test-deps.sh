@@ -8,8 +8,10 @@
 # What the tests need, and where it comes from:
 #   PostgreSQL   at DATABASE_URL: scripts/ensure-postgres.sh (the machine's
 #                cluster, else compose's db, else it says what to do)
-#   NATS         nothing: the tests embed a JetStream server (the server's
-#                own Go library) when none answers at 127.0.0.1:4222
+#   NATS         the tests embed a JetStream server (the server's own Go
+#                library) when none answers at 127.0.0.1:4222; the full tier
+#                needs the nats-server binary too, for what it kills: the
+#                three-node cluster test and the chaos soak
 #   Kafka        nothing: the tests embed a broker (franz-go's kfake)
 #   Redis        the redis-server binary: the Redis lab starts a private one
 #                when nothing answers at REDIS_URL, and restarts one anyway
@@ -49,6 +51,7 @@ need() {
 need redis-server redis-server
 if [ "$tier" != short ]; then
 	need "${CHROMIUM:-/usr/bin/chromium}" chromium
+	need /usr/sbin/nats-server nats-server
 	if [ ! -x /usr/sbin/pgbouncer ]; then
 		need /usr/sbin/pgbouncer pgbouncer
 		# Debian starts a system pgbouncer on 6432; the tests start their own.
@@ -59,4 +62,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 	say "missing: ${missing[*]}. Install them (Debian: sudo apt-get install ${missing[*]}) and run again." >&2
 	exit 1
 fi
-say "PostgreSQL answers; redis-server$([ "$tier" != short ] && echo ", Chromium and pgbouncer") present; NATS and Kafka are embedded in the tests when none answers"
+say "PostgreSQL answers; redis-server$([ "$tier" != short ] && echo ", Chromium, nats-server and pgbouncer") present; NATS and Kafka are embedded in the tests when none answers"

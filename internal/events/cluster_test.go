@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/testenv"
 )
 
 // natsCluster is three nats-servers of the test's own, routed to each other
@@ -123,9 +124,7 @@ func (c *natsCluster) node(name string) *natsNode {
 // elected and then resume on their own; every event is applied exactly
 // once by each consumer, none lost.
 func TestJetStreamClusterLosesItsLeaderNothingLost(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a three-node NATS cluster")
-	}
+	testenv.SkipIfShort(t, "starts a three-node NATS cluster")
 	t.Parallel()
 	cluster := startNATSCluster(t, 3)
 	b := setupNATS(t, cluster.url(), events.NATSConfig{Replicas: 3, PublishTimeout: time.Second})
