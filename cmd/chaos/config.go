@@ -38,6 +38,8 @@ type config struct {
 	FlipEvery          time.Duration
 	DBEvery            time.Duration
 	FailoverEvery      time.Duration // 0: one database server, no failover
+	NATSNodes          int           // nats-servers routed as one JetStream cluster (EVENTS_REPLICAS)
+	NATSKillEvery      time.Duration // SIGKILL of one NATS node (0: none)
 
 	// The app's settings for the run: short leases and quick recovery, so
 	// a 1–4 s pause outlives a lease and a handed-over operation is
@@ -92,6 +94,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.DelayEvery, "delay-every", 10*time.Second, "mean time between network delay windows (0: none)")
 	fs.DurationVar(&c.FlipEvery, "flip-every", 8*time.Second, "mean time between fault-mode flips (0: none)")
 	fs.DurationVar(&c.DBEvery, "db-every", 10*time.Second, "mean time between database restarts (0: none)")
+	fs.IntVar(&c.NATSNodes, "nats-nodes", 1, "nats-servers routed as one JetStream cluster, the stream on every one (EVENTS_REPLICAS): 1, 3 or 5")
+	fs.DurationVar(&c.NATSKillEvery, "nats-kill-every", 0, "mean time between SIGKILLs of one NATS node, restarted after 1–4 s (0: none; with -nats-nodes 3 or 5)")
 	fs.DurationVar(&c.FailoverEvery, "failover-every", 0, "mean time between PostgreSQL failovers: the primary killed, its synchronous standby promoted, a new standby made (0: one server, none)")
 
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "IDEMPOTENCY_LEASE and OPERATION_LEASE of the app")
@@ -115,6 +119,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			fmt.Fprintln(stderr, "chaos:", err)
 			return c, err
 		}
+	}
+	if c.NATSNodes != 1 && c.NATSNodes != 3 && c.NATSNodes != 5 || c.NATSKillEvery > 0 && c.NATSNodes == 1 {
+		err := fmt.Errorf("-nats-nodes must be 1, 3 or 5, and -nats-kill-every needs 3 or 5 (one node lost keeps a majority)")
+		fmt.Fprintln(stderr, "chaos:", err)
+		return c, err
 	}
 	if c.Clients < 1 || c.Duration <= 0 || c.Users < 1 || c.Slots < 1 || c.Instances < 1 || c.Instances > 9 {
 		err := fmt.Errorf("-clients, -duration, -users and -slots must be positive, -instances from 1 to 9")
@@ -156,8 +165,8 @@ func (c config) settings() []string {
 	return []string{
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
 		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
-		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s",
-			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery),
+		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s nats-nodes=%d nats-kill-every=%s",
+			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery, c.NATSNodes, c.NATSKillEvery),
 		fmt.Sprintf("EVENTS_TRANSPORT=%s", c.Transport),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}

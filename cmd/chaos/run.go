@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemlab/idemlab/cmd/chaos/check"
@@ -43,8 +44,8 @@ type chaosRun struct {
 	dir   string
 	log   *history.Log
 	db    *cluster.DB
-	fakes []nemesis.Fake // each fake's process and the proxy in front of it
-	nats  *procs.Process // the events' broker (nil with -transport river)
+	fakes []nemesis.Fake   // each fake's process and the proxy in front of it
+	nats  []*procs.Process // the events' broker, one node or a cluster (none with -transport river)
 	// broker is the events' broker or queue with -transport kafka (`web
 	// kafka`) or tasks (`web tasks`): a process of its own, as nats is, so
 	// a killed instance does not take it along.
@@ -94,7 +95,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		if err != nil {
 			return r, err
 		}
-		eventsEnv = append(eventsEnv, "NATS_URL="+natsURL)
+		eventsEnv = append(eventsEnv, "NATS_URL="+natsURL, fmt.Sprintf("EVENTS_REPLICAS=%d", cfg.NATSNodes))
 	}
 	switch cfg.Transport {
 	case events.TransportKafka, events.TransportTasks:
@@ -159,31 +160,53 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 // natsServer is the broker binary Debian's nats-server package installs.
 const natsServer = "/usr/sbin/nats-server"
 
-// startNATS runs a private nats-server with JetStream and returns its URL.
-// Its monitoring port answers /healthz once JetStream is ready.
+// startNATS runs private nats-servers with JetStream — one, or with
+// -nats-nodes a cluster routed together — and returns the URL listing
+// them. Each one's monitoring port answers /healthz once JetStream is on.
 func (r *chaosRun) startNATS(ctx context.Context, onExit func(procs.Exit)) (string, error) {
 	if _, err := os.Stat(natsServer); err != nil {
 		return "", fmt.Errorf("%s not found (apt-get install nats-server), or run with -transport river: %w", natsServer, err)
 	}
-	client, err := procs.FreeAddr()
-	if err != nil {
-		return "", err
+	type node struct{ client, monitor, routes string }
+	nodes := make([]node, r.cfg.NATSNodes)
+	for i := range nodes {
+		for _, addr := range []*string{&nodes[i].client, &nodes[i].monitor, &nodes[i].routes} {
+			var err error
+			if *addr, err = procs.FreeAddr(); err != nil {
+				return "", err
+			}
+		}
 	}
-	monitor, err := procs.FreeAddr()
-	if err != nil {
-		return "", err
+	var urls []string
+	for i, n := range nodes {
+		name := "nats"
+		if len(nodes) > 1 {
+			name = fmt.Sprintf("nats-%d", i+1)
+		}
+		_, clientPort, _ := net.SplitHostPort(n.client)
+		_, monitorPort, _ := net.SplitHostPort(n.monitor)
+		args := []string{"-a", "127.0.0.1", "-p", clientPort, "-m", monitorPort, "-js", "-sd", filepath.Join(r.dir, name)}
+		if len(nodes) > 1 {
+			var routes []string
+			for j, other := range nodes {
+				if j != i {
+					routes = append(routes, "nats://"+other.routes)
+				}
+			}
+			args = append(args, "-n", name, "--cluster_name", "chaos", "--cluster", "nats://"+n.routes,
+				"--routes", strings.Join(routes, ","))
+		}
+		p, err := procs.Start(ctx, procs.Spec{
+			Name: name, Bin: natsServer, Args: args,
+			Addr: n.monitor, ReadyPath: "/healthz?js-enabled-only=true", LogPath: filepath.Join(r.dir, "logs", name+".log"),
+		}, onExit)
+		if err != nil {
+			return "", err
+		}
+		r.nats = append(r.nats, p)
+		urls = append(urls, "nats://"+n.client)
 	}
-	_, clientPort, _ := net.SplitHostPort(client)
-	_, monitorPort, _ := net.SplitHostPort(monitor)
-	r.nats, err = procs.Start(ctx, procs.Spec{
-		Name: "nats", Bin: natsServer,
-		Args: []string{"-a", "127.0.0.1", "-p", clientPort, "-m", monitorPort, "-js", "-sd", filepath.Join(r.dir, "nats")},
-		Addr: monitor, ReadyPath: "/healthz?js-enabled-only=true", LogPath: filepath.Join(r.dir, "logs", "nats.log"),
-	}, onExit)
-	if err != nil {
-		return "", err
-	}
-	return "nats://" + client, nil
+	return strings.Join(urls, ","), nil
 }
 
 // startBroker runs the embedded Kafka broker (`web kafka`, its log in the
@@ -244,11 +267,12 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 		Seed: r.cfg.Seed, KillEvery: r.cfg.KillEvery, CrashShare: r.cfg.CrashShare,
 		HoldShare: r.cfg.HoldShare, NotIdempotentShare: r.cfg.NotIdempotentShare,
 		PauseEvery: r.cfg.PauseEvery, DelayEvery: r.cfg.DelayEvery, FlipEvery: r.cfg.FlipEvery,
-		DBEvery: r.cfg.DBEvery, FailoverEvery: r.cfg.FailoverEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
+		DBEvery: r.cfg.DBEvery, FailoverEvery: r.cfg.FailoverEvery, NATSKillEvery: r.cfg.NATSKillEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
 	}, nemesis.Targets{
 		Apps:       r.apps,
 		Fakes:      r.fakes,
 		DB:         r.db,
+		NATS:       r.nats,
 		AdminToken: adminToken,
 	}, r.log)
 
@@ -418,8 +442,8 @@ func (r *chaosRun) close() {
 		f.Proxy.Close()
 		f.Process.Stop(3 * time.Second)
 	}
-	if r.nats != nil {
-		r.nats.Stop(3 * time.Second)
+	for _, n := range r.nats {
+		n.Stop(3 * time.Second)
 	}
 	if r.broker != nil {
 		r.broker.Stop(3 * time.Second)

@@ -42,6 +42,9 @@ type Config struct {
 	// FailoverEvery: the primary killed and its synchronous standby
 	// promoted (the run's database started with a standby).
 	FailoverEvery time.Duration
+	// NATSKillEvery: SIGKILL of one node of the JetStream cluster, never
+	// two at once (a majority keeps the stream).
+	NATSKillEvery time.Duration
 	// CrashPoints are the points a crash kill may arm.
 	CrashPoints []string
 	// HoldShare is the share of network windows that hold calls instead of
@@ -69,6 +72,7 @@ type Targets struct {
 	Apps       []*procs.Process
 	Fakes      []Fake
 	DB         *cluster.DB
+	NATS       []*procs.Process // the JetStream cluster's nodes
 	AdminToken string
 }
 
@@ -139,6 +143,7 @@ func (n *Nemesis) Run(ctx context.Context) {
 	every(4, n.cfg.FlipEvery, n.flip)
 	every(5, n.cfg.DBEvery, n.restartDB)
 	every(6, n.cfg.FailoverEvery, n.failover)
+	every(7, n.cfg.NATSKillEvery, n.killNATS)
 	loops.Wait()
 	n.actions.Wait()
 }
@@ -331,6 +336,20 @@ func (n *Nemesis) failover(ctx context.Context, rng *rand.Rand) {
 	start := time.Now()
 	away, err := n.t.DB.Failover()
 	n.log.Injected(history.Fault{Kind: history.Failover, Target: "postgres", Start: start, End: start.Add(away), Detail: errDetail(err)})
+}
+
+// killNATS SIGKILLs one node of the JetStream cluster — the stream's
+// leader among them, as often as any other — and restarts it after 1–4 s,
+// when every node is serving (one lost node leaves a majority). The exit is
+// recorded by OnExit.
+func (n *Nemesis) killNATS(ctx context.Context, rng *rand.Rand) {
+	for _, node := range n.t.NATS {
+		if !node.Serving() {
+			return
+		}
+	}
+	down := time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
+	n.t.NATS[rng.IntN(len(n.t.NATS))].Kill(down)
 }
 
 // Heal lifts every fault: delays and holds, armed crash points, fault
