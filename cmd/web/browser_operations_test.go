@@ -73,3 +73,49 @@ func TestBrowserOperationsList(t *testing.T) {
 		t.Fatalf("the row led to %q, %v", path, err)
 	}
 }
+
+// An admin resumes a FAILED cancellation from its page: the button says
+// which run it starts, and the page then shows the new run SUCCEEDED.
+func TestBrowserAdminResumesAFailedCancellation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeReject })
+	r := s.do(cancelReq(s.policyOf(t, "demo-alice", 0), "demo-alice", "browser-resume", ""))
+	var refused struct {
+		OperationID int64 `json:"operation_id"`
+	}
+	r.JSON(t, &refused)
+	if r.Status != 422 {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	s.setFaults(t, func(f *fake.Fault) {})
+	b := browsertest.New(t)
+	var button, status string
+	err := chromedp.Run(b,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="demo-bar"]`, chromedp.ByQuery),
+		chromedp.Navigate(fmt.Sprintf("%s/operations/%d", s.URL, refused.OperationID)),
+		chromedp.Text(`[data-testid="resume-button"]`, &button, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(button, "run 2") {
+		t.Fatalf("the resume button says %q", button)
+	}
+	shoot(t, b, "resume-offered")
+	err = chromedp.Run(b,
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Click(`[data-testid="resume-button"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="operation-panel"][data-status="SUCCEEDED"]`, chromedp.ByQuery),
+		chromedp.AttributeValue(`[data-testid="operation-panel"]`, "data-status", &status, nil, chromedp.ByQuery),
+	)
+	if err != nil || status != "SUCCEEDED" {
+		t.Fatalf("after resume: %q, %v", status, err)
+	}
+	shoot(t, b, "resumed")
+}

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/operations"
+	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 )
 
@@ -166,5 +168,88 @@ func TestAPurgedCancellationStaysCancelled(t *testing.T) {
 	}
 	if rep, _ := invariants.Check(ctx, s.DB.Pool, invariants.Options{}); rep.OK {
 		t.Errorf("invariants without a retention hold for a CANCELLED policy with no cancellation left")
+	}
+}
+
+func resumeReq(opID int64, token, key string) request {
+	return request{Method: "POST", Path: fmt.Sprintf("/api/v1/admin/operations/%d/resume", opID), Token: token,
+		Header: map[string]string{"Idempotency-Key": key}}
+}
+
+// An admin resumes a FAILED cancellation as its next run: new step keys,
+// so the provider sees a new request, not a repeat of the refused one. The
+// rules: admins only; only a FAILED operation; not a deposit booking (its
+// slot was released); keyed like every write.
+func TestAdminResumesAFailedOperation(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PAYMENTS_TIMEOUT": "5s"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeReject })
+	pid := s.policyOf(t, "demo-alice", 0)
+	r := s.do(cancelReq(pid, "demo-alice", "resume-0", ""))
+	var refused struct {
+		OperationID int64 `json:"operation_id"`
+	}
+	r.JSON(t, &refused)
+	if r.Status != 422 || refused.OperationID == 0 {
+		t.Fatalf("cancel with the provider refusing: %d %s", r.Status, r.Body)
+	}
+	op := refused.OperationID
+
+	if r := s.do(resumeReq(op, "demo-alice", "resume-alice")); r.Status != 403 {
+		t.Errorf("a customer resuming: %d, want 403", r.Status)
+	}
+	s.setFaults(t, func(f *fake.Fault) {})
+	first := s.do(resumeReq(op, "demo-admin", "resume-1"))
+	var resumed struct {
+		Status string `json:"status"`
+		Run    int    `json:"run"`
+		Steps  []struct {
+			Key string `json:"key"`
+		} `json:"steps"`
+	}
+	first.JSON(t, &resumed)
+	if first.Status != 200 || resumed.Status != "SUCCEEDED" || resumed.Run != 2 || resumed.Steps[1].Key != fmt.Sprintf("%d:provider_cancel:2", op) {
+		t.Fatalf("resume: %d %s; want 200 SUCCEEDED as run 2 under new step keys", first.Status, first.Body)
+	}
+	if again := s.do(resumeReq(op, "demo-admin", "resume-1")); again.Status != 200 || !bytes.Equal(again.Body, first.Body) {
+		t.Errorf("the same key again: %d, not the stored answer", again.Status)
+	}
+	var pol policyJSON
+	s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/policies/%d", pid), Token: "demo-alice"}).JSON(t, &pol)
+	if pol.Status != "CANCELLED" || s.effects(t, pid) != 1 {
+		t.Errorf("policy %s with %d effects, want CANCELLED with 1", pol.Status, s.effects(t, pid))
+	}
+	// Not FAILED any more: a new key is refused, saying what it is.
+	r = s.do(resumeReq(op, "demo-admin", "resume-2"))
+	var p struct {
+		Type   string `json:"type"`
+		Status string `json:"operation_status"`
+	}
+	r.JSON(t, &p)
+	if r.Status != 409 || p.Type != "not-failed" || p.Status != "SUCCEEDED" {
+		t.Errorf("resuming a SUCCEEDED operation: %d %s", r.Status, r.Body)
+	}
+	if r := s.do(resumeReq(999999, "demo-admin", "resume-3")); r.Status != 404 {
+		t.Errorf("resuming no operation: %d", r.Status)
+	}
+
+	// A failed deposit booking is not resumed.
+	ctl := paymentsfake.NewControl(s.PaymentsURL, "")
+	defer ctl.CloseIdleConnections()
+	f := fault.Default()
+	f.Mode = fault.ModeReject
+	if _, err := ctl.SetFaults(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	b := s.book("demo-bob", depositSlot(t, s.DB, 0), "resume-deposit", "")
+	var declined struct {
+		OperationID int64 `json:"operation_id"`
+	}
+	b.JSON(t, &declined)
+	if b.Status != 402 || declined.OperationID == 0 {
+		t.Fatalf("a declined deposit: %d %s", b.Status, b.Body)
+	}
+	if r := s.do(resumeReq(declined.OperationID, "demo-admin", "resume-4")); r.Status != 409 || r.problemType() != "resume-not-allowed" {
+		t.Errorf("resuming a failed deposit booking: %d %s", r.Status, r.Body)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/labs"
+	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
 	"github.com/idemlab/idemlab/internal/slots"
@@ -88,6 +89,8 @@ var errorTable = []struct {
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{workflow.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
 	{workflow.ErrResolutionNotAllowed, http.StatusConflict, "resolution-not-allowed", "That decision does not fit this step"},
+	{operations.ErrNotFailed, http.StatusConflict, "not-failed", "Only a FAILED operation can be resumed"},
+	{operations.ErrResumeNotAllowed, http.StatusConflict, "resume-not-allowed", "This kind of operation is not resumed"},
 	{workflow.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
@@ -202,6 +205,10 @@ func enrich(p *problem.Problem, err error) *problem.Problem {
 	if errors.As(err, &under) {
 		p.With("operation_id", under.OperationID).With("operation_status", under.Status).
 			With("operation_url", fmt.Sprintf("/api/v1/operations/%d", under.OperationID))
+	}
+	var notFailed *operations.NotFailedError
+	if errors.As(err, &notFailed) {
+		p.With("operation_status", notFailed.Status)
 	}
 	var dup *policies.DuplicateIntentError
 	if errors.As(err, &dup) {

@@ -124,6 +124,11 @@ func (app *App) handleOperationPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if u, _ := userFrom(c); u.IsAdmin() && vm.Status == workflow.StatusFailed {
+		if vm.ResumeRefused = resumeRule(vm.Type); vm.ResumeRefused == "" {
+			vm.Resume = &views.ResumeForm{CSRF: csrfToken(c), Key: newFormKey()}
+		}
+	}
 	if c.QueryParam("notice") == "duplicate-intent" {
 		vm.Notice = "This policy already had a cancellation under way (from an earlier click or another tab), so no second one was started. This is it."
 	}
@@ -169,7 +174,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		subject = pol.Number
 	}
 	vm := views.OperationDetail{
-		ID: v.ID, Kind: kind, PolicyID: v.PolicyID, BookingID: v.BookingID, PolicyNumber: subject, Status: v.Status, Terminal: v.Terminal(),
+		ID: v.ID, Kind: kind, Type: v.Type, PolicyID: v.PolicyID, BookingID: v.BookingID, PolicyNumber: subject, Status: v.Status, Terminal: v.Terminal(),
 		Admin: admin, Reason: v.Reason, Run: v.Run, Attempts: v.Attempts, MaxAttempts: app.recovery.Settings().Budget().MaxAttempts,
 		Owner: deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
 		Released: releasedText(deref(v.Released)), Finished: timeText(v.FinishedAt),
