@@ -43,7 +43,7 @@ func pageSources(t *testing.T) map[string]string {
 var modeMentions = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)\b(?:provider|payments)(?: service)? to (?:<code>)?([a-z_]+)`),
 	regexp.MustCompile(`(?i)\bpick (?:<code>)?([a-z]+_[a-z_]+)`),
-	regexp.MustCompile(`(?i)\bset (?:it )?to (?:<code>)?([a-z_]+)`),
+	regexp.MustCompile(`(?i)\bset (?:it )?to (?:<code>)?([a-z]+_[a-z_]+)`),
 }
 
 // A page that sends a reader to the Provider page for a fault mode names

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -243,6 +244,19 @@ func TestProviderPageIsReadOnlyForCustomers(t *testing.T) {
 	}
 	if cfg := s.faults(t); cfg.Global.Mode != "ok" {
 		t.Errorf("a customer's form changed the faults: %+v", cfg.Global)
+	}
+
+	// The ledger a customer sees is their own policies' lines: bob's
+	// cancellation is not on alice's page (issue 29), her own is.
+	bobs, alices := s.policyOf(t, "demo-bob", 0), s.policyOf(t, "demo-alice", 0)
+	s.do(cancelReq(bobs, "demo-bob", "bob-cancels", ""))
+	s.do(cancelReq(alices, "demo-alice", "alice-cancels", ""))
+	page, _ = s.providerPageCSRF(t, client)
+	if bytes.Contains(page.Body, []byte(fmt.Sprintf(`data-policy-id="%d"`, bobs))) {
+		t.Errorf("alice's /provider shows bob's policy %d in the ledger", bobs)
+	}
+	if !bytes.Contains(page.Body, []byte(fmt.Sprintf(`data-policy-id="%d"`, alices))) || !bytes.Contains(page.Body, []byte(`data-testid="ledger-own"`)) {
+		t.Errorf("alice's /provider does not show her own line, marked as hers")
 	}
 }
 

@@ -64,6 +64,10 @@ func TestResetSeedsTheDatasetAndKeepsDemoTokens(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE policies SET status = 'CANCELLED' WHERE id = 1`); err != nil {
 		t.Fatal(err)
 	}
+	// The redelivery injector armed: a reset disarms it (issue 29).
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO event_injections (mode, remaining) VALUES ('deliver_twice', 5)`); err != nil {
+		t.Fatal(err)
+	}
 	accounts, err := demo.Reset(ctx, db.Pool, demo.DefaultAccounts(), demo.Dataset{Users: 20, PoliciesPerUser: 3, Slots: 50}, time.Now(), demo.TokenFor([]byte("s")))
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +81,11 @@ func TestResetSeedsTheDatasetAndKeepsDemoTokens(t *testing.T) {
 		Scan(&nUsers, &nPolicies, &nCancelled, &nSlots, &minID)
 	if nUsers != 24 || nPolicies != 23*3 || nCancelled != 0 || nSlots != 50 || minID != 1 {
 		t.Fatalf("users %d, policies %d (cancelled %d, first id %d), slots %d", nUsers, nPolicies, nCancelled, minID, nSlots)
+	}
+	var armed int
+	db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_injections`).Scan(&armed)
+	if armed != 0 {
+		t.Errorf("the reset left %d redelivery injector entries armed", armed)
 	}
 	st := users.NewStore(db.Pool)
 	for _, a := range accounts {

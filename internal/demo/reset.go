@@ -121,6 +121,8 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 			         inbox, event_deliveries, mailbox, ledger_entries, ledger_days,
 			         -- the events of the data wiped
 			         outbox, event_publishes,
+			         -- the redelivery injector's script: a reset leaves every test double at its default
+			         event_injections,
 			         sessions, audit_entries, reconciliation_decisions, operation_calls, operation_steps, operation_events, operations,
 			         idempotency_keys, bookings, slots, policies, users,
 			         -- the labs' results name the users who ran them

@@ -93,7 +93,11 @@ func (in *Injector) Arm(ctx context.Context, mode Mode, consumer string, n int) 
 	if err != nil {
 		return Injection{}, err
 	}
-	return in.arm(ctx, in.pool, mode, c, n)
+	inj, err := in.arm(ctx, in.pool, mode, c, n)
+	if err == nil {
+		in.wake()
+	}
+	return inj, err
 }
 
 // Set replaces the whole script with one entry: arming from the page or
@@ -112,7 +116,20 @@ func (in *Injector) Set(ctx context.Context, mode Mode, consumer string, n int) 
 		inj, err = in.arm(ctx, tx, mode, c, n)
 		return err
 	})
+	if err == nil {
+		in.wake()
+	}
 	return inj, err
+}
+
+// wake ends this process's "nothing armed" wait. It runs after the arming
+// commits: woken before, a delivery that looks in between still sees
+// nothing and would trust that for another idleFor, and the first
+// deliveries after arming would go out uninjected.
+func (in *Injector) wake() {
+	in.mu.Lock()
+	in.idleUntil = time.Time{}
+	in.mu.Unlock()
 }
 
 // validInjection checks an entry and returns its consumer as the column
@@ -145,9 +162,6 @@ func (in *Injector) arm(ctx context.Context, db database.DBTX, mode Mode, c *str
 	if err != nil {
 		return Injection{}, fmt.Errorf("events: arm injector: %w", err)
 	}
-	in.mu.Lock()
-	in.idleUntil = time.Time{}
-	in.mu.Unlock()
 	return inj, nil
 }
 

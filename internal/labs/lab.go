@@ -26,6 +26,9 @@ type Lab struct {
 	// RunHint says under the Run button what a run does; "" for the usual
 	// "broken, then correct".
 	RunHint string `json:"-"`
+	// Needs names what the lab needs beyond PostgreSQL ("" when nothing):
+	// without it a run answers 503 lab-unavailable.
+	Needs string `json:"needs,omitempty"`
 
 	// run runs every variant and returns them in order, broken first.
 	run func(ctx context.Context, e *env) ([]Variant, error)

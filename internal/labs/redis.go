@@ -24,6 +24,7 @@ import (
 // the key next to the change and commits them together.
 var redisLab = &Lab{
 	Number: 1,
+	Needs:  "Redis (REDIS_URL); its restart part also starts a private redis-server",
 	Name:   "redis",
 	Title:  "Redis or PostgreSQL for idempotency state",
 	Lesson: "A cancellation claims its request key, records the intent, cancels at the provider and commits the " +

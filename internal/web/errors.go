@@ -2,6 +2,7 @@ package web
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -246,6 +247,14 @@ func (app *App) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
+	if errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil {
+		// The client left (a browser navigating away mid-poll): nobody is
+		// there to answer and nothing failed on our side. 499 is the
+		// request log's word for it, as nginx's.
+		logFrom(c.Request().Context()).Info("the client left before the answer", "path", c.Request().URL.Path)
+		c.Response().WriteHeader(statusClientLeft)
+		return
+	}
 	p, known := toProblem(err)
 	switch {
 	case !known:
@@ -263,13 +272,20 @@ func (app *App) handleError(err error, c echo.Context) {
 	switch {
 	case p.Type == "database-unavailable":
 		detail = "The database is briefly unavailable, so nothing was changed. Try again in a moment."
-	case p.Status >= 500:
+	case !known:
+		// An unknown error's text may hold internals; a known problem's
+		// detail is written for people (lab-unavailable names what is
+		// missing, an unreachable fake says where the cause is logged).
 		detail = "Something went wrong on our side. Please try again in a moment."
 	}
 	c.Response().Status = p.Status
 	app.sessionForErrorPage(c)
 	render(c, p.Status, views.ErrorPage(app.page(c, http.StatusText(p.Status), ""), p.Status, detail))
 }
+
+// statusClientLeft is logged for a request whose client closed the
+// connection before its answer.
+const statusClientLeft = 499
 
 func isAPI(c echo.Context) bool {
 	return strings.HasPrefix(c.Request().URL.Path, "/api/")

@@ -22,7 +22,7 @@ func (app *App) handleLabsPage(c echo.Context) error {
 	var list []views.LabSummary
 	for _, l := range labs.All() {
 		summary, _, _ := strings.Cut(l.Lesson, ". ")
-		list = append(list, views.LabSummary{Number: l.Number, Name: l.Name, Title: l.Title, Lesson: summary + ".", URL: "/labs/" + l.Name})
+		list = append(list, views.LabSummary{Number: l.Number, Name: l.Name, Title: l.Title, Lesson: summary + ".", URL: "/labs/" + l.Name, Needs: l.Needs})
 	}
 	return render(c, http.StatusOK, views.LabsPage(app.page(c, "Labs", "labs"), list))
 }

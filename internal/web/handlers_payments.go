@@ -46,13 +46,38 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 		Charges:  views.MoneyTotals{Count: l.Charges.Count, Pending: l.Charges.Pending, Cents: l.Charges.AmountCents},
 		Refunds:  views.MoneyTotals{Count: l.Refunds.Count, Pending: l.Refunds.Pending, Cents: l.Refunds.AmountCents},
 	}
+	own, err := app.ownSubjects(c)
+	if err != nil {
+		return err
+	}
+	mine := func(policyID, bookingID *int64) bool {
+		return own == nil || (policyID != nil && own.policies[*policyID]) || (bookingID != nil && own.bookings[*bookingID])
+	}
+	if own != nil {
+		// A customer's ledger is their own policies' and bookings' lines,
+		// totals included: the whole ledger is the admin's, as in the API.
+		vm.Own = true
+		vm.Charges, vm.Refunds = views.MoneyTotals{}, views.MoneyTotals{}
+	}
 	for _, sl := range l.BySubject {
+		if !mine(sl.PolicyID, sl.BookingID) {
+			continue
+		}
+		if own != nil {
+			vm.Charges.Count += sl.Charges
+			vm.Refunds.Count += sl.Refunds
+			vm.Charges.Cents += sl.ChargedCents
+			vm.Refunds.Cents += sl.RefundedCents
+		}
 		vm.BySubject = append(vm.BySubject, views.MoneyLine{PolicyID: sl.PolicyID, BookingID: sl.BookingID,
 			Charges: sl.Charges, Refunds: sl.Refunds, Pending: sl.Pending, ChargedCents: sl.ChargedCents, RefundedCents: sl.RefundedCents})
 	}
-	for i, e := range l.Entries {
-		if i == 10 {
+	for _, e := range l.Entries {
+		if len(vm.Entries) == 10 {
 			break
+		}
+		if !mine(e.PolicyID, e.BookingID) {
+			continue
 		}
 		vm.Entries = append(vm.Entries, views.MoneyEntry{Kind: e.Kind, Key: e.Key, PolicyID: e.PolicyID, BookingID: e.BookingID,
 			ChargeKey: e.ChargeKey, Cents: e.AmountCents, Pending: e.Pending})

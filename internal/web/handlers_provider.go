@@ -6,6 +6,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/fault"
+	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -24,6 +26,41 @@ func (app *App) handleGetProviderEffects(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, e)
 }
+
+// subjects are the policies and bookings a customer owns: what the fakes'
+// ledgers show them.
+type subjects struct {
+	policies, bookings map[int64]bool
+}
+
+// ownSubjects returns the signed-in customer's policies and bookings, or
+// nil for an admin, who sees every line.
+func (app *App) ownSubjects(c echo.Context) (*subjects, error) {
+	u, _ := userFrom(c)
+	if u.IsAdmin() {
+		return nil, nil
+	}
+	ctx := c.Request().Context()
+	own := &subjects{policies: map[int64]bool{}, bookings: map[int64]bool{}}
+	ps, err := app.policies.List(ctx, policies.ListFilter{UserID: u.ID, Limit: maxOwnSubjects})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		own.policies[p.ID] = true
+	}
+	bs, err := app.slots.ListBookings(ctx, slots.BookingFilter{UserID: u.ID, Limit: maxOwnSubjects})
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bs {
+		own.bookings[b.ID] = true
+	}
+	return own, nil
+}
+
+// maxOwnSubjects bounds the lookup: a demo customer has a handful.
+const maxOwnSubjects = 1000
 
 // handleProviderPage: GET /provider — the fault configuration, the effects
 // ledger and, per mode, what the caller sees against what really happened.
@@ -51,8 +88,24 @@ func (app *App) handleProviderPage(c echo.Context) error {
 		FakeView: fv,
 		Effects:  views.ProviderEffects{Total: effects.Total, Pending: effects.Pending},
 	}
+	own, err := app.ownSubjects(c)
+	if err != nil {
+		return err
+	}
+	if own != nil {
+		// A customer's ledger is their own policies' lines, and its totals
+		// theirs: the whole ledger is the admin's, as in the API.
+		vm.Effects = views.ProviderEffects{Own: true}
+	}
 	for _, pe := range effects.ByPolicy {
+		if own != nil && !own.policies[pe.PolicyID] {
+			continue
+		}
 		vm.Effects.ByPolicy = append(vm.Effects.ByPolicy, views.PolicyEffect{PolicyID: pe.PolicyID, Count: pe.Count, Pending: pe.Pending})
+		if own != nil {
+			vm.Effects.Total += pe.Count
+			vm.Effects.Pending += pe.Pending
+		}
 	}
 	return render(c, http.StatusOK, views.ProviderPage(app.page(c, "Provider", "provider"), vm))
 }

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -62,4 +63,27 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A client that leaves mid-request (a browser navigating away while htmx
+// polls) is not a server error: no "unhandled error", no 500 in the log
+// (issue 29).
+func TestAClientThatLeftIsNotAServerError(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	var logs syncBuffer
+	app := New(Config{BodyLimit: "1M"}, Deps{
+		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+		Pool:     db.Pool,
+		Registry: prometheus.NewRegistry(),
+	})
+	e := app.routes()
+	e.GET("/left", func(c echo.Context) error { return c.Request().Context().Err() })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/left", nil).WithContext(ctx))
+	if l := logs.String(); strings.Contains(l, "unhandled error") || strings.Contains(l, "status=500") || !strings.Contains(l, "status=499") {
+		t.Fatalf("a client that left was logged as a server error:\n%s", l)
+	}
 }
