@@ -82,3 +82,35 @@ func TestJanitorPurgesFinishedOperationsOnly(t *testing.T) {
 		t.Errorf("a second run purged %d more", again)
 	}
 }
+
+// A deposit booking's operation holds the charge's key that a cancellation
+// of the booking refunds: it is kept while the booking stands, and purged
+// with the rest once the booking is cancelled.
+func TestJanitorKeepsTheChargeOfABookingThatStands(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO users (name, role, api_token_sha256) VALUES ('alice', 'customer', sha256('a'));
+		INSERT INTO slots (resource, starts_at, ends_at, deposit_cents)
+		VALUES ('studio', '2030-01-01 09:00Z', '2030-01-01 10:00Z', 2500),
+		       ('studio', '2030-01-01 10:00Z', '2030-01-01 11:00Z', 2500);
+		INSERT INTO bookings (id, slot_id, user_id, status, deposit_cents, cancelled_at)
+		VALUES (1, 1, 1, 'CONFIRMED', 2500, NULL), (2, 2, 1, 'CANCELLED', 2500, now());
+		UPDATE slots SET status = 'BOOKED', booking_id = 1 WHERE id = 1;
+		INSERT INTO operations (booking_id, operation_type, user_id, idempotency_key, status, finished_at)
+		VALUES (1, 'BOOK_DEPOSIT', 1, 'k1', 'SUCCEEDED', '2026-01-01'),
+		       (2, 'BOOK_DEPOSIT', 1, 'k2', 'SUCCEEDED', '2026-01-01');`); err != nil {
+		t.Fatal(err)
+	}
+	j := operations.NewJanitor(db.Pool, operations.JanitorConfig{
+		Now: func() time.Time { return time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC) },
+	})
+	if purged, err := j.RunOnce(ctx); err != nil || purged != 1 {
+		t.Fatalf("purged %d, %v; want only the cancelled booking's", purged, err)
+	}
+	var left int64
+	if err := db.Pool.QueryRow(ctx, `SELECT booking_id FROM operations`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("left the operation of booking %d (%v), want booking 1's (CONFIRMED)", left, err)
+	}
+}
