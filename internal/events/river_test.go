@@ -92,7 +92,9 @@ func TestInjectorModesOnRiver(t *testing.T) {
 			b := setupRiver(t)
 			// lose_ack waits for the job timeout; hold_past_deadline for
 			// the rescuer (RescueAfter, then River's rescuer pass, every 30 s).
-			cfg := events.RiverConfig{JobTimeout: time.Second, RescueAfter: 2 * time.Second}
+			// Not shorter: a job that merely runs slowly (a loaded machine)
+			// past either is run again, one duplicate more than injected.
+			cfg := events.RiverConfig{JobTimeout: 5 * time.Second, RescueAfter: 10 * time.Second}
 			checkInjectedMode(t, b, mode, func(context.Context) *events.Relay {
 				b.startRiverConsumers(t, 2, cfg, nil)
 				return nil
