@@ -22,7 +22,7 @@ import (
 // signInAdmin opens the desk as the admin.
 func signInAdmin(t *testing.T, ctx context.Context, s *testServer) {
 	t.Helper()
-	err := chromedp.Run(ctx,
+	err := browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/signin"),
 		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
@@ -41,7 +41,7 @@ func shootBoth(t *testing.T, ctx context.Context, label string) {
 	t.Helper()
 	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
 		var png []byte
-		err := chromedp.Run(ctx, chromedp.EmulateViewport(size[0], size[1]), chromedp.CaptureScreenshot(&png))
+		err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]), chromedp.CaptureScreenshot(&png))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func shootBoth(t *testing.T, ctx context.Context, label string) {
 			t.Fatal(err)
 		}
 	}
-	if err := chromedp.Run(ctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+	if err := browsertest.Run(ctx, chromedp.EmulateViewport(1280, 900)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -61,7 +61,7 @@ func attr(t *testing.T, ctx context.Context, sel, name string) string {
 	t.Helper()
 	var v string
 	var ok bool
-	if err := chromedp.Run(ctx, chromedp.AttributeValue(sel, name, &v, &ok, chromedp.ByQuery)); err != nil {
+	if err := browsertest.Run(ctx, chromedp.AttributeValue(sel, name, &v, &ok, chromedp.ByQuery)); err != nil {
 		t.Fatalf("%s[%s]: %v", sel, name, err)
 	}
 	return v
@@ -70,7 +70,7 @@ func attr(t *testing.T, ctx context.Context, sel, name string) string {
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	var v string
-	if err := chromedp.Run(ctx, chromedp.Text(sel, &v, chromedp.ByQuery)); err != nil {
+	if err := browsertest.Run(ctx, chromedp.Text(sel, &v, chromedp.ByQuery)); err != nil {
 		t.Fatalf("text of %s: %v", sel, err)
 	}
 	return v
@@ -136,7 +136,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 		t.Errorf("NOT_STARTED suggests %q", got)
 	}
 	var disabled bool
-	if err := chromedp.Run(ctx, chromedp.Evaluate(fmt.Sprintf(
+	if err := browsertest.Run(ctx, chromedp.Evaluate(fmt.Sprintf(
 		`document.querySelector('%s [data-testid="resolve-mark_done"] button').disabled`, card(notStarted)), &disabled)); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 	shootBoth(t, ctx, "desk-after-asking")
 
 	// The customer's page of a waiting item: a person must confirm.
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Navigate(fmt.Sprintf("%s/operations/%d", s.URL, completed)),
 		chromedp.WaitVisible(`[data-testid="waiting-for-person"]`, chromedp.ByQuery),
 	)
@@ -165,7 +165,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 	}
 
 	// The evidence, in one place.
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Navigate(fmt.Sprintf("%s/reconciliation/items/%d", s.URL, completed)),
 		chromedp.WaitVisible(`[data-testid="evidence-calls"]`, chromedp.ByQuery),
 	)
@@ -185,7 +185,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 	shootBoth(t, ctx, "evidence")
 
 	// A note over the limit: refused, the field named, nothing decided.
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.SetValue(`[data-testid="note-mark_done"]`, strings.Repeat("x", 501), chromedp.ByQuery),
 		chromedp.Click(`[data-testid="resolve-mark_done"] button`, chromedp.ByQuery),
 	)
@@ -200,7 +200,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 	}
 	browsertest.Screenshot(ctx, t, "note-too-long")
 	// Without a note: decided, and in the audit trail.
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/reconciliation"),
 		chromedp.Click(card(completed)+` [data-testid="resolve-mark_done"] button`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="decisions"]`, chromedp.ByQuery),
@@ -222,7 +222,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 func askAllUntilAnswered(t *testing.T, ctx context.Context, n int) int {
 	t.Helper()
 	for try := 1; ; try++ {
-		err := chromedp.Run(ctx,
+		err := browsertest.Run(ctx,
 			chromedp.Click(`[data-testid="ask-all"] button`, chromedp.ByQuery),
 			chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
 		)
@@ -244,7 +244,7 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var got string
-		chromedp.Run(ctx, chromedp.Text(sel, &got, chromedp.ByQuery))
+		browsertest.Run(ctx, chromedp.Text(sel, &got, chromedp.ByQuery))
 		if strings.Contains(got, want) {
 			return
 		}
@@ -271,7 +271,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		t.Fatalf("desk total %s", n)
 	}
 	// Asked during the outage: no answer, no bulk decision offered.
-	err := chromedp.Run(ctx,
+	err := browsertest.Run(ctx,
 		chromedp.Click(`[data-testid="ask-all"] button`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
 	)
@@ -282,7 +282,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		t.Fatalf("asked during the outage: %q", n)
 	}
 	var bulk int
-	chromedp.Run(ctx, chromedp.Evaluate(`document.querySelectorAll('[data-testid^="bulk-"]').length`, &bulk))
+	browsertest.Run(ctx, chromedp.Evaluate(`document.querySelectorAll('[data-testid^="bulk-"]').length`, &bulk))
 	if bulk != 0 {
 		t.Fatalf("%d bulk decisions offered on unknown truths", bulk)
 	}
@@ -306,7 +306,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		if action == "mark_done" && applied == 0 || action == "retry" && applied == 40 {
 			continue // the outage left none of these
 		}
-		err = chromedp.Run(ctx,
+		err = browsertest.Run(ctx,
 			chromedp.Click(fmt.Sprintf(`[data-testid="bulk-%s"] button`, action), chromedp.ByQuery),
 			chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
 		)
@@ -326,7 +326,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		}
 	}
 	s.assertInvariants(t)
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/reconciliation"),
 		chromedp.WaitVisible(`[data-testid="nothing-to-reconcile"]`, chromedp.ByQuery),
 	)
@@ -372,7 +372,7 @@ func TestBrowserTwoAdminsDecideTheSameItemsAtOnce(t *testing.T) {
 			Header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
 	}()
 	close(start)
-	err := chromedp.Run(ctx,
+	err := browsertest.Run(ctx,
 		chromedp.Click(`[data-testid="bulk-mark_done"] button`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
 	)

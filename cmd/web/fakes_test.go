@@ -353,7 +353,7 @@ func TestBrowserPaymentsPage(t *testing.T) {
 	c := payments.NewHTTPClient(s.PaymentsURL, 5*time.Second)
 	defer c.CloseIdleConnections()
 	var mode string
-	err := chromedp.Run(ctx,
+	err := browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/signin"),
 		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
@@ -383,7 +383,7 @@ func TestBrowserPaymentsPage(t *testing.T) {
 		resp.Body.Close()
 	}
 	var total, lateTotal string
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Click(`[data-testid="mode-lost_response"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="global-mode"][data-mode="lost_response"]`, chromedp.ByQuery),
 		chromedp.SetValue(`[data-testid="script-form"] input[name="next"]`, "2", chromedp.ByQuery),
@@ -404,7 +404,7 @@ func TestBrowserPaymentsPage(t *testing.T) {
 		t.Errorf("page shows mode %q, %s refunds, %s late; want lost_response, 2, 1", mode, total, lateTotal)
 	}
 	for _, width := range []int64{1280, 390} {
-		if err := chromedp.Run(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
+		if err := browsertest.Run(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
 			t.Fatal(err)
 		}
 		p, err := browsertest.Screenshot(ctx, t, fmt.Sprintf("payments-%d", width))
@@ -413,7 +413,7 @@ func TestBrowserPaymentsPage(t *testing.T) {
 		}
 		t.Logf("screenshot: %s", p)
 	}
-	err = chromedp.Run(ctx, chromedp.Navigate(s.URL+"/provider"), chromedp.WaitVisible(`[data-testid="modes-table"]`, chromedp.ByQuery))
+	err = browsertest.Run(ctx, chromedp.Navigate(s.URL+"/provider"), chromedp.WaitVisible(`[data-testid="modes-table"]`, chromedp.ByQuery))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,4 +121,26 @@ func Screenshot(ctx context.Context, t testing.TB, label string) (string, error)
 	}
 	p := filepath.Join(dir, unsafeName.ReplaceAllString(t.Name()+"-"+label, "_")+".png")
 	return p, os.WriteFile(p, png, 0o644)
+}
+
+// Run runs actions one at a time, as chromedp.Run does, except that an
+// action that fails because its node was replaced between chromedp's query
+// and the action itself ("No node with given id found": htmx swapped the
+// region) is run again, and its query finds the new node. On a loaded
+// machine that window is wide. The failed attempt did nothing (the error
+// comes before any input is sent), so a retried click clicks once.
+func Run(ctx context.Context, actions ...chromedp.Action) error {
+	for _, a := range actions {
+		var err error
+		for range 5 {
+			err = chromedp.Run(ctx, a)
+			if err == nil || !strings.Contains(err.Error(), "No node with given id found") {
+				break
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
