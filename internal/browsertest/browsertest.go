@@ -56,6 +56,9 @@ func New(t testing.TB) context.Context {
 		chromedp.Flag("disable-quic", true),
 		chromedp.UserDataDir(profile),
 		chromedp.WindowSize(1280, 900),
+		// chromedp's default 20 s for the browser to start is too short on a
+		// loaded machine.
+		chromedp.WSURLReadTimeout(2*time.Minute),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	tabCtx, cancelCtx := chromedp.NewContext(allocCtx)
@@ -66,9 +69,10 @@ func New(t testing.TB) context.Context {
 		cancelAlloc()
 		t.Fatalf("browsertest: start Chromium: %v", err)
 	}
-	// A bound for one test's browser work; each step is short, and a step
-	// waiting for something that never appears should fail the test soon.
-	ctx, cancelTimeout := context.WithTimeout(tabCtx, 60*time.Second)
+	// A bound for one test's browser work: generous, because on a loaded
+	// machine a test's steps took over a minute together; a step waiting
+	// for something that never appears still fails the test.
+	ctx, cancelTimeout := context.WithTimeout(tabCtx, 5*time.Minute)
 	t.Cleanup(func() {
 		cancelTimeout()
 		cancelCtx()
