@@ -20,7 +20,9 @@ import (
 func TestAMinuteOfChaosBreaksNoPromise(t *testing.T) {
 	testenv.SkipIfShort(t, "the chaos soak: processes killed, paused and restarted")
 	out := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	// Inside make test's 20 minutes a package: on a loaded machine the tool's
+	// own go build of cmd/web alone outlived the 7 minutes this was.
+	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"-duration", "60s", "-drain", "2m", "-seed", "11", "-quiet", "-out", out}, &stdout, &stderr)
