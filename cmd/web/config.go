@@ -78,6 +78,15 @@ type config struct {
 	// unset, those APIs answer loopback callers only.
 	FakeControlToken string
 
+	// WebhookSecret (WEBHOOK_SECRET) signs the fakes' callbacks and checks
+	// them at POST /webhooks/{system}; unset, the secret kept in the
+	// database (users.ServerSecret "webhook"), which replicas share.
+	// WebhookURL (WEBHOOK_URL) is where a fake sends them: unset, the
+	// in-process fakes call this instance back, and a fake run alone
+	// (`web provider`) sends none.
+	WebhookSecret string
+	WebhookURL    string
+
 	IdempotencyLease time.Duration // IDEMPOTENCY_LEASE: how long a request owns its key
 	IdempotencyTTL   time.Duration // IDEMPOTENCY_TTL: how long completed keys are replayed
 	// OPERATIONS_RETENTION: how long finished operations are kept (internal/operations)
@@ -128,6 +137,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		PaymentsFaultMode:  getenv("PAYMENTS_FAULT_MODE"),
 		PaymentsIdempotent: getenv("PAYMENTS_IDEMPOTENT"),
 		FakeControlToken:   getenv("FAKE_CONTROL_TOKEN"),
+		WebhookSecret:      getenv("WEBHOOK_SECRET"),
+		WebhookURL:         getenv("WEBHOOK_URL"),
 		RedisURL:           or(getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"),
 		RedisServer:        or(getenv("REDIS_SERVER"), "redis-server"),
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,6 +31,7 @@ type fakeSystem interface {
 	Close()
 	Faults(ctx context.Context) (fault.Config, error)
 	SetFaults(ctx context.Context, f fault.Fault) (fault.Config, error)
+	Webhooks() fault.Outbox
 }
 
 // fakeSpec is one fake system's settings from the environment.
@@ -62,7 +64,9 @@ func (c config) fakeControlAccess() fault.Access { return fault.Access{Token: c.
 
 // fakeServer is one fake on its own listener.
 type fakeServer struct {
+	name string
 	fake fakeSystem
+	db   *pgxpool.Pool // the pool it runs on
 	pool *pgxpool.Pool // its own, when it runs inside the app; nil when the caller owns it
 	srv  *http.Server
 	url  string
@@ -73,7 +77,7 @@ type fakeServer struct {
 // when pool is nil: an external system shares nothing with the app but the
 // database server) and applies the start-up faults from the environment.
 func startFake(ctx context.Context, cfg config, spec fakeSpec, pool *pgxpool.Pool, logger *slog.Logger) (*fakeServer, error) {
-	fs := &fakeServer{done: make(chan error, 1)}
+	fs := &fakeServer{name: spec.name, done: make(chan error, 1)}
 	if pool == nil {
 		var err error
 		pool, err = database.WaitFor(ctx, logger, spec.name, func(ctx context.Context) (*pgxpool.Pool, error) {
@@ -84,6 +88,7 @@ func startFake(ctx context.Context, cfg config, spec fakeSpec, pool *pgxpool.Poo
 		}
 		fs.pool = pool
 	}
+	fs.db = pool
 	fs.fake = spec.build(pool, fault.Options{Logger: logger.With("component", "fake-"+spec.name), Control: cfg.fakeControlAccess()})
 	if err := applyStartupFaults(ctx, spec, fs.fake); err != nil {
 		fs.closePool()
@@ -111,6 +116,15 @@ func (fs *fakeServer) stop(ctx context.Context) error {
 	}
 	fs.closePool()
 	return err
+}
+
+// callbacks returns the fake's webhook sender, pushing to baseURL's
+// POST /webhooks/{system}.
+func (fs *fakeServer) callbacks(baseURL string, secret []byte, logger *slog.Logger) *fault.Sender {
+	return fault.NewSender(fs.db, fs.fake.Webhooks(), fault.SenderConfig{
+		URL: strings.TrimRight(baseURL, "/") + "/webhooks/" + fs.name, Secret: secret,
+		Logger: logger.With("component", "fake-"+fs.name+"-callbacks"),
+	})
 }
 
 func (fs *fakeServer) closePool() {
@@ -143,14 +157,15 @@ func applyStartupFaults(ctx context.Context, spec fakeSpec, f fakeSystem) error 
 }
 
 // inProcess starts spec's fake here unless spec.url points elsewhere, and
-// returns the URL the app calls and a stop function for shutdown.
-func inProcess(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logger) (string, func(), error) {
+// returns the URL the app calls, a stop function for shutdown, and the fake
+// (nil when it runs elsewhere).
+func inProcess(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logger) (string, func(), *fakeServer, error) {
 	if spec.url != "" {
-		return spec.url, func() {}, nil
+		return spec.url, func() {}, nil, nil
 	}
 	fs, err := startFake(ctx, cfg, spec, nil, logger)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	return fs.url, func() {
 		stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
@@ -158,7 +173,7 @@ func inProcess(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logg
 		if err := fs.stop(stopCtx); err != nil {
 			logger.Error(spec.name+" shutdown", "err", err)
 		}
-	}, nil
+	}, fs, nil
 }
 
 // serveFake is `web provider` and `web payments`: one fake alone, for
@@ -176,6 +191,15 @@ func serveFake(ctx context.Context, cfg config, spec fakeSpec, logger *slog.Logg
 		return err
 	}
 	fmt.Fprintf(stdout, "fake %s listening on %s\n", spec.name, fs.url)
+	if cfg.WebhookURL != "" {
+		secret, err := webhookSecret(ctx, cfg, pool)
+		if err != nil {
+			return err
+		}
+		sendCtx, stopSending := context.WithCancel(ctx)
+		defer stopSending()
+		go fs.callbacks(cfg.WebhookURL, secret, logger).Run(sendCtx)
+	}
 	select {
 	case err := <-fs.done:
 		return fmt.Errorf("%s: %w", spec.name, err)

@@ -95,6 +95,9 @@ var hostileRoutes = map[string]routeSpec{
 
 	"GET /ideas/retry-is-not-recovery":           {access: pageAny},
 	"GET /ideas/crash-between-effect-and-record": {access: pageAny},
+	// the signed callbacks: no credentials but the signature (internal/web's
+	// TestWebhookRouteRefusesForgedStaleAndMalformedCallbacks has its own cases)
+	"POST /webhooks/:system": {access: public},
 
 	"GET /api/v1/policies":                      {access: bearer, query: []string{"limit", "cursor", "status"}},
 	"GET /api/v1/policies/:id":                  {access: bearer, param: alicePolicy},
@@ -135,6 +138,10 @@ var hostileRoutes = map[string]routeSpec{
 	"PUT /api/v1/payments/faults":                 {access: adminAPI, json: true, text: []string{"mode", "status_mode"}, validJSON: map[string]any{"mode": "ok"}},
 	"GET /api/v1/payments/ledger":                 {access: adminAPI},
 	"POST /api/v1/payments/reset":                 {access: adminAPI},
+	"GET /api/v1/provider/webhooks":               {access: adminAPI},
+	"PUT /api/v1/provider/webhooks":               {access: adminAPI, json: true, text: []string{"mode"}, validJSON: map[string]any{"mode": "off"}},
+	"GET /api/v1/payments/webhooks":               {access: adminAPI},
+	"PUT /api/v1/payments/webhooks":               {access: adminAPI, json: true, text: []string{"mode"}, validJSON: map[string]any{"mode": "off"}},
 	"GET /api/v1/labs":                            {access: bearer},
 	"GET /api/v1/labs/:name/runs":                 {access: bearer, param: aLab},
 	"POST /api/v1/labs/:name/runs":                {access: bearer, param: aLab, keyed: true, json: true, validJSON: map[string]any{}},
@@ -166,6 +173,8 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /provider/reset":                {access: adminPage},
 	"POST /payments/faults":               {access: adminPage, text: []string{"mode", "status_mode"}, form: url.Values{"mode": {"ok"}}},
 	"POST /payments/reset":                {access: adminPage},
+	"POST /provider/webhooks":             {access: adminPage, text: []string{"mode"}, form: url.Values{"mode": {"off"}}},
+	"POST /payments/webhooks":             {access: adminPage, text: []string{"mode"}, form: url.Values{"mode": {"off"}}},
 	"GET /reconciliation":                 {access: adminPage, query: []string{"resolved", "action", "reason", "truth", "asked", "answered", "decided", "changed", "refused"}},
 	"GET /events":                         {access: signedIn},
 	"POST /events/injector":               {access: adminPage, text: []string{"mode", "consumer"}, form: url.Values{"mode": {""}, "count": {"1"}}},

@@ -153,6 +153,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// Requests that wait for an outcome (Prefer: wait=N) are woken by one
 	// LISTEN connection per process, to the database itself.
 	waiter := operations.NewWaiter(pool, direct.Config().ConnConfig, logger)
+	hookSecret, err := webhookSecret(ctx, cfg, pool)
+	if err != nil {
+		return err
+	}
 	webCfg := webConfig(cfg)
 	webCfg.EventsBroker = brokerNote
 	app := web.New(webCfg, web.Deps{
@@ -177,6 +181,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Injector:        eventsRun.injector,
 		TasksPush:       tasksPush,
 		Labs:            labRuns,
+		WebhookSecret:   hookSecret,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -203,6 +208,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// EVENTS_TRANSPORT — unless they run in `web events` (EVENTS_WORKERS=off).
 	if cfg.Events.Workers {
 		bg.start(eventsRun.Run)
+	}
+	// Callbacks: the fakes in this process call this instance back (when
+	// their webhook mode is not off) unless WEBHOOK_URL names another.
+	for _, fs := range ext.fakes {
+		bg.start(fs.callbacks(or(cfg.WebhookURL, "http://"+dialable(ln.Addr())), hookSecret, logger).Run)
 	}
 	return serveHTTP(ctx, ln, app.Handler(), cfg.ShutdownGrace, logger)
 }
@@ -236,6 +246,15 @@ func sessionSecret(ctx context.Context, cfg config, pool *pgxpool.Pool, logger *
 	return users.NewStore(pool).ServerSecret(ctx, "session")
 }
 
+// webhookSecret signs and checks the fakes' callbacks: WEBHOOK_SECRET, or
+// the one kept in the database, shared by replicas and restarts.
+func webhookSecret(ctx context.Context, cfg config, pool *pgxpool.Pool) ([]byte, error) {
+	if cfg.WebhookSecret != "" {
+		return []byte(cfg.WebhookSecret), nil
+	}
+	return users.NewStore(pool).ServerSecret(ctx, "webhook")
+}
+
 // externals are the clients of the two external systems and the fakes'
 // control APIs. The fakes run in this process, each on its own listener and
 // pool, unless PROVIDER_URL / PAYMENTS_URL point elsewhere; either way the
@@ -246,6 +265,7 @@ type externals struct {
 	providerControl          *fake.Control
 	payments                 *payments.HTTPClient
 	paymentsControl          *paymentsfake.Control
+	fakes                    []*fakeServer // those running in this process
 	stops                    []func()
 }
 
@@ -253,15 +273,22 @@ func startExternals(ctx context.Context, cfg config, logger *slog.Logger) (*exte
 	ext := &externals{}
 	var err error
 	var stop func()
-	if ext.providerURL, stop, err = inProcess(ctx, cfg, cfg.providerSpec(), logger); err != nil {
+	var fs *fakeServer
+	if ext.providerURL, stop, fs, err = inProcess(ctx, cfg, cfg.providerSpec(), logger); err != nil {
 		return nil, err
 	}
 	ext.stops = append(ext.stops, stop)
-	if ext.paymentsURL, stop, err = inProcess(ctx, cfg, cfg.paymentsSpec(), logger); err != nil {
+	if fs != nil {
+		ext.fakes = append(ext.fakes, fs)
+	}
+	if ext.paymentsURL, stop, fs, err = inProcess(ctx, cfg, cfg.paymentsSpec(), logger); err != nil {
 		ext.close()
 		return nil, err
 	}
 	ext.stops = append(ext.stops, stop)
+	if fs != nil {
+		ext.fakes = append(ext.fakes, fs)
+	}
 	ext.provider = provider.NewHTTPClient(ext.providerURL, cfg.ProviderTimeout)
 	ext.providerControl = fake.NewControlWithToken(ext.providerURL, cfg.FakeControlToken)
 	ext.payments = payments.NewHTTPClient(ext.paymentsURL, cfg.PaymentsTimeout)

@@ -27,7 +27,8 @@
 //     while its charge is not known not to exist; every FAILED deposit
 //     booking left its slot free.
 //  10. Steps are never done out of order: no step is DONE while an earlier
-//     step of the same run is not, or finished before it.
+//     step of the same run is not, or finished before it. A callback is
+//     applied at most once per step, and a step it settled stays settled.
 //
 // Check is read-only and cheap enough to call at the end of a load test
 // (about 830 ms with 100k rows in every table and six step rows per
@@ -260,6 +261,21 @@ var checks = []check{
 		        WINDOW earlier AS (PARTITION BY operation_id, run ORDER BY position)) s
 		 WHERE state = 'DONE'
 		   AND (before_state <> 'DONE' OR before_finished > finished_at)`, ""},
+	// Callbacks (issue 28): the inbox's primary key makes one row per event;
+	// its effect — settling a step — happens at most once per step, and
+	// leaves the step where the callback said, never moved since.
+	{10, "a step settled by more than one callback (ids are operations)", `
+		SELECT min(operation_id)
+		  FROM webhook_inbox
+		 WHERE outcome = 'applied'
+		 GROUP BY step_key
+		HAVING count(*) > 1`, ""},
+	{10, "a step a callback settled that is no longer where the callback put it (moved backwards or over)", `
+		SELECT w.operation_id
+		  FROM webhook_inbox w
+		  JOIN operation_steps s ON s.step_key = w.step_key
+		 WHERE w.outcome = 'applied'
+		   AND s.state <> CASE w.status WHEN 'COMPLETED' THEN 'DONE' ELSE 'FAILED' END`, ""},
 	{5, "a COMPLETED idempotency key without a whole stored response (ids are its users)", `
 		SELECT user_id
 		  FROM idempotency_keys

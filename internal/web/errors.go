@@ -288,7 +288,7 @@ func (app *App) handleError(err error, c echo.Context) {
 const statusClientLeft = 499
 
 func isAPI(c echo.Context) bool {
-	return strings.HasPrefix(c.Request().URL.Path, "/api/")
+	return strings.HasPrefix(c.Request().URL.Path, "/api/") || strings.HasPrefix(c.Request().URL.Path, "/webhooks/")
 }
 
 // reuseRule names which half of the reuse policy refused a second intent

@@ -34,6 +34,8 @@ type faultControl interface {
 	Faults(ctx context.Context) (fault.Config, error)
 	SetFaults(ctx context.Context, f fault.Fault) (fault.Config, error)
 	Reset(ctx context.Context) error
+	Webhooks(ctx context.Context) (fault.WebhookLedger, error)
+	SetWebhookSettings(ctx context.Context, w fault.WebhookSettings) (fault.WebhookSettings, error)
 }
 
 // fakeAdmin is one fake system's control surface.

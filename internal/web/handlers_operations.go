@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,9 @@ type operationView struct {
 	workflow.Operation
 	Timeline []workflow.Event      `json:"timeline"`
 	Calls    []workflow.CallRecord `json:"calls"`
+	// Callbacks are the callbacks received about its steps, newest first:
+	// how a truth was told rather than asked.
+	Callbacks []workflow.CallbackRecord `json:"callbacks"`
 	// Truths is each external step's system asked just now, by step name.
 	Truths map[string]truthNow `json:"truths"`
 	// Provider is Truths["provider_cancel"], where clients of the first
@@ -71,6 +75,9 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 	}
 	if v.Calls == nil {
 		v.Calls = []workflow.CallRecord{}
+	}
+	if v.Callbacks, err = app.engine.Callbacks(ctx, workflow.CallbackFilter{OperationID: op.ID}); err != nil {
+		return operationView{}, err
 	}
 	askCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
@@ -216,6 +223,17 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		}
 		vm.Calls = append(vm.Calls, line)
 	}
+	// The callbacks, among the calls in time order: the truth told, not asked.
+	for _, cb := range v.Callbacks {
+		what := fmt.Sprintf("called back %s · event %s · %s", cb.Status, cb.EventID, cb.Outcome)
+		if cb.Duplicates > 0 {
+			what += fmt.Sprintf(" (and %d more copies, which changed nothing)", cb.Duplicates)
+		}
+		vm.Calls = append(vm.Calls, views.CallLine{At: cb.ReceivedAt.UTC().Format("15:04:05.000"), Kind: "callback",
+			System: cb.System, Step: cmp.Or(stepOf[cb.StepKey], cb.StepKey), Attempt: fmt.Sprintf(" · delivery attempt %d", cb.Attempt),
+			What: what, Actor: "callback from " + cb.System})
+	}
+	slices.SortStableFunc(vm.Calls, func(a, b views.CallLine) int { return strings.Compare(a.At, b.At) })
 	for _, e := range v.Timeline {
 		te := views.TimelineEvent{
 			ID: e.ID, At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),

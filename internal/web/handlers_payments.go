@@ -59,6 +59,9 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 		vm.Own = true
 		vm.Charges, vm.Refunds = views.MoneyTotals{}, views.MoneyTotals{}
 	}
+	if vm.Callbacks, err = app.callbacksView(c, s); err != nil {
+		return err
+	}
 	for _, sl := range l.BySubject {
 		if !mine(sl.PolicyID, sl.BookingID) {
 			continue

@@ -97,6 +97,9 @@ func (app *App) handleProviderPage(c echo.Context) error {
 		// theirs: the whole ledger is the admin's, as in the API.
 		vm.Effects = views.ProviderEffects{Own: true}
 	}
+	if vm.Callbacks, err = app.callbacksView(c, s); err != nil {
+		return err
+	}
 	for _, pe := range effects.ByPolicy {
 		if own != nil && !own.policies[pe.PolicyID] {
 			continue

@@ -35,6 +35,9 @@ func (app *App) routes() *echo.Echo {
 	}
 	e.StaticFS("/static", views.Static)          // vendored htmx and Pico, app.css, app.js
 	e.GET("/static/code.css", app.handleCodeCSS) // the code viewer's highlighting
+	// Callbacks from the external systems: signed (HMAC, shared secret), no
+	// session, no CSRF, no token; each event applied once (docs/provider.md).
+	e.POST("/webhooks/:system", app.handleWebhook)
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}
@@ -68,16 +71,20 @@ func (app *App) routes() *echo.Echo {
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
 	api.GET("/invariants", app.handleInvariants, requireAdmin) // every invariant of docs/invariants.md, checked with SQL
 	provider, payments := app.providerAdmin(), app.paymentsAdmin()
-	api.GET("/provider/faults", provider.getFaults, requireAdmin)            // the fake provider's fault configuration
-	api.PUT("/provider/faults", provider.putFaults, requireAdmin)            // set one fault: global, override or script entry
-	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin) // the effects ledger, per policy, late arrivals
-	api.POST("/provider/reset", provider.reset, requireAdmin)                // forget everything, default faults
-	api.GET("/payments/faults", payments.getFaults, requireAdmin)            // the fake payments service's fault configuration
-	api.PUT("/payments/faults", payments.putFaults, requireAdmin)            // set one fault: global, override or script entry
-	api.GET("/payments/ledger", app.handleGetPaymentsLedger, requireAdmin)   // every charge and refund, per subject, late arrivals
-	api.POST("/payments/reset", payments.reset, requireAdmin)                // forget everything, default faults
-	api.GET("/admin/systems", app.handleListSystems, requireAdmin)           // what the app believes about each external system
-	api.PUT("/admin/systems/:name", app.handlePutSystem, requireAdmin)       // set that belief: {"believed_idempotent": bool}
+	api.GET("/provider/faults", provider.getFaults, requireAdmin)                // the fake provider's fault configuration
+	api.PUT("/provider/faults", provider.putFaults, requireAdmin)                // set one fault: global, override or script entry
+	api.GET("/provider/effects", app.handleGetProviderEffects, requireAdmin)     // the effects ledger, per policy, late arrivals
+	api.POST("/provider/reset", provider.reset, requireAdmin)                    // forget everything, default faults
+	api.GET("/payments/faults", payments.getFaults, requireAdmin)                // the fake payments service's fault configuration
+	api.PUT("/payments/faults", payments.putFaults, requireAdmin)                // set one fault: global, override or script entry
+	api.GET("/payments/ledger", app.handleGetPaymentsLedger, requireAdmin)       // every charge and refund, per subject, late arrivals
+	api.POST("/payments/reset", payments.reset, requireAdmin)                    // forget everything, default faults
+	api.GET("/provider/webhooks", app.handleGetWebhooks(provider), requireAdmin) // callbacks: the fake's setting and outbox, the app's inbox
+	api.PUT("/provider/webhooks", provider.putWebhooks, requireAdmin)            // set how the provider calls back: {mode, delay_ms}
+	api.GET("/payments/webhooks", app.handleGetWebhooks(payments), requireAdmin) // the same for payments
+	api.PUT("/payments/webhooks", payments.putWebhooks, requireAdmin)            // set how payments calls back
+	api.GET("/admin/systems", app.handleListSystems, requireAdmin)               // what the app believes about each external system
+	api.PUT("/admin/systems/:name", app.handlePutSystem, requireAdmin)           // set that belief: {"believed_idempotent": bool}
 
 	// Demo mode only (DEMO_MODE=true): without it these paths do not exist.
 	if app.cfg.DemoMode {
@@ -129,6 +136,8 @@ func (app *App) routes() *echo.Echo {
 	e.POST("/provider/reset", provider.resetForm, adminOnly...)              // the provider page's reset button (admin)
 	e.POST("/payments/faults", payments.faultsForm, adminOnly...)            // the payments page's fault forms (admin)
 	e.POST("/payments/reset", payments.resetForm, adminOnly...)              // the payments page's reset button (admin)
+	e.POST("/provider/webhooks", provider.webhooksForm, adminOnly...)        // the provider page's callback mode (admin)
+	e.POST("/payments/webhooks", payments.webhooksForm, adminOnly...)        // the payments page's callback mode (admin)
 	e.GET("/reconciliation", app.handleReconciliationPage, adminOnly...)     // operations that need a person (admin)
 	e.GET("/reconciliation/badge", app.handleReconcileBadge, adminOnly...)   // the nav's live count (htmx partial, admin)
 	e.GET("/reconciliation/items/:id", app.handleEvidencePage, adminOnly...) // one item's evidence and decisions (admin)

@@ -106,6 +106,10 @@ type Deps struct {
 
 	// Labs runs the numbered labs (internal/labs); nil answers 503.
 	Labs *labs.Labs
+
+	// WebhookSecret checks the callbacks of the external systems
+	// (WEBHOOK_SECRET); nil: POST /webhooks/{system} answers 404.
+	WebhookSecret []byte
 }
 
 // App holds every dependency a handler needs. Handlers are its methods
@@ -152,6 +156,9 @@ type App struct {
 
 	// broken caches the invariants check behind the admin pages' banner.
 	broken brokenInvariants
+
+	webhookSecret []byte
+	callbacks     *prometheus.CounterVec // handlers_webhooks.go
 }
 
 // New builds the HTTP layer: stores over d.Pool, metrics on d.Registry,
@@ -194,6 +201,7 @@ func New(cfg Config, d Deps) *App {
 		recovery:    d.Recovery,
 	}
 	app.events, app.injector, app.tasksPush = d.Events, d.Injector, d.TasksPush
+	app.webhookSecret, app.callbacks = d.WebhookSecret, newCallbackCounter(d.Registry)
 	app.handler = app.routes()
 	return app
 }

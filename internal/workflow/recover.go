@@ -218,14 +218,24 @@ func (a *attempt) untilConclusive(ctx context.Context, i int) (time.Duration, er
 // takes, and runs on.
 func (a *attempt) learned(ctx context.Context, i int, branch, why string) (recovery.Result, error) {
 	a.r.branch = branch
+	why = "recovery asked: " + why // beside callback.go's "the provider called back: …"
+	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
+		return a.r.learnTruth(ctx, tx, i, a.truth, "its status says "+string(a.truth), why, a.onUnknown)
+	})
+}
+
+// learnTruth records in tx a truth learned without a call's answer —
+// COMPLETED or REJECTED, told by a status query or by a callback
+// (callback.go) — as step i's outcome, through the code path a call's
+// answer takes: the fenced step write, which changes the step only while
+// it is in flight, then what follows. It returns the next call to make.
+func (r *runner) learnTruth(ctx context.Context, tx pgx.Tx, i int, truth external.Truth, reason, why string, onUnknown unknownFunc) (*pending, error) {
 	outcome := external.Confirmed
-	if a.truth == external.TruthRejected {
+	if truth == external.TruthRejected {
 		outcome = external.Rejected
 	}
-	got := answer{res: external.Result{Outcome: outcome, Truth: a.truth, Reason: "its status says " + string(a.truth)}, why: why}
-	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
-		return a.r.recordAnswer(ctx, tx, &pending{index: i}, got, a.onUnknown)
-	})
+	got := answer{res: external.Result{Outcome: outcome, Truth: truth, Reason: reason}, why: why}
+	return r.recordAnswer(ctx, tx, &pending{index: i}, got, onUnknown)
 }
 
 // resend makes step i's call again — same key, same request, a new
