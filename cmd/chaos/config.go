@@ -48,6 +48,7 @@ type config struct {
 	ProviderTimeout  time.Duration
 	RecoveryInterval time.Duration
 	AppEnv           []string // extra KEY=value for the app instances
+	Callbacks        string   // the fakes' callback mode (off: none; the fakes call app-1 back)
 	Transport        string   // EVENTS_TRANSPORT of this run: nats (a private nats-server), river, kafka (`web kafka`) or tasks (`web tasks`)
 	Rotation         []string // the transports of -transport, one whole run each, in turn (Transport is the current one)
 }
@@ -104,6 +105,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.Transport, "transport", events.TransportNATS, "EVENTS_TRANSPORT of the app: "+strings.Join(events.Transports, " or ")+
 		" (nats: the run starts its own nats-server; kafka, tasks: `web kafka`, `web tasks` as a process of their own); "+
 		"a comma-separated list, or all, rotates it: one whole run per transport, in turn, each in its own folder under -out")
+	fs.StringVar(&c.Callbacks, "callbacks", "off", "the fakes' callback mode: off, ok, duplicate, delay, reorder or lost (docs/provider.md); "+
+		"on, both fakes call app-1 back at POST /webhooks/{system}, racing recovery for every step whose outcome is unknown")
 	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -133,6 +136,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
+// webhookSecret signs the fakes' callbacks; the apps and the fakes share it.
+const webhookSecret = "chaos-run-webhook-secret"
+
 // appEnv is the environment of every app instance (ADDR and INSTANCE_ID
 // are added per instance).
 func (c config) appEnv(dbURL string) []string {
@@ -156,6 +162,7 @@ func (c config) appEnv(dbURL string) []string {
 		"RECOVERY_MAX_BACKOFF=10s",
 		"RECOVERY_REASK_INTERVAL=2s",
 		"PROVIDER_IDEMPOTENT_CALLS=true",
+		"WEBHOOK_SECRET=" + webhookSecret,
 	}
 	return append(env, c.AppEnv...)
 }
@@ -167,7 +174,7 @@ func (c config) settings() []string {
 		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s nats-nodes=%d nats-kill-every=%s",
 			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery, c.NATSNodes, c.NATSKillEvery),
-		fmt.Sprintf("EVENTS_TRANSPORT=%s", c.Transport),
+		fmt.Sprintf("EVENTS_TRANSPORT=%s callbacks=%s", c.Transport, c.Callbacks),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -110,6 +111,13 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 	// Each fake as its own process, with a proxy in front: the network
 	// the nemesis delays. A call whose caller gave up stays open at the
 	// fake for up to 10 s.
+	// The apps' addresses first: the fakes call app-1 back.
+	appAddrs := make([]string, cfg.Instances)
+	for i := range appAddrs {
+		if appAddrs[i], err = procs.FreeAddr(); err != nil {
+			return r, err
+		}
+	}
 	var fakeEnv []string
 	for _, fs := range fakeSpecs {
 		addr, err := procs.FreeAddr()
@@ -118,7 +126,8 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 		}
 		p, err := procs.Start(ctx, procs.Spec{
 			Name: fs.name, Bin: bin, Args: []string{fs.name},
-			Env:  []string{"DATABASE_URL=" + r.db.URL(), fs.addrEnv + "=" + addr, "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s", "DEMO_MODE=true"},
+			Env: []string{"DATABASE_URL=" + r.db.URL(), fs.addrEnv + "=" + addr, "LOG_FORMAT=json", "SHUTDOWN_GRACE=2s", "DEMO_MODE=true",
+				"WEBHOOK_URL=http://" + appAddrs[0], "WEBHOOK_SECRET=" + webhookSecret},
 			Addr: addr, ReadyPath: "/v1/faults", LogPath: filepath.Join(r.dir, "logs", fs.name+".log"),
 		}, onExit)
 		if err != nil {
@@ -133,11 +142,7 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 	}
 
 	for i := range cfg.Instances {
-		name := fmt.Sprintf("app-%d", i+1)
-		addr, err := procs.FreeAddr()
-		if err != nil {
-			return r, err
-		}
+		name, addr := fmt.Sprintf("app-%d", i+1), appAddrs[i]
 		env := append(append(append(cfg.appEnv(r.db.URL()), fakeEnv...), eventsEnv...), "ADDR="+addr, "INSTANCE_ID="+name)
 		app, err := procs.Start(ctx, procs.Spec{
 			Name: name, Bin: bin, Args: []string{"serve"}, Env: env,
@@ -154,7 +159,34 @@ func newRun(ctx context.Context, cfg config, out io.Writer) (*chaosRun, error) {
 	if r.data, err = workload.Load(ctx, r.instances()[0], adminToken, size, cfg.Seed); err != nil {
 		return r, err
 	}
+	// The callbacks, after the load (its reset turns them off).
+	for _, f := range r.fakes {
+		if err := setCallbacks(ctx, f.Process.URL(), cfg.Callbacks); err != nil {
+			return r, fmt.Errorf("%s callbacks: %w", f.Name, err)
+		}
+	}
 	return r, nil
+}
+
+// setCallbacks sets a fake's callback mode through its own control API
+// (PUT /v1/webhooks; loopback callers may).
+func setCallbacks(ctx context.Context, fakeURL, mode string) error {
+	body := fmt.Sprintf(`{"mode": %q, "delay_ms": 1500}`, mode)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, fakeURL+"/v1/webhooks", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return fmt.Errorf("PUT /v1/webhooks: %d %s", resp.StatusCode, msg)
+	}
+	return nil
 }
 
 // natsServer is the broker binary Debian's nats-server package installs.

@@ -409,15 +409,21 @@ func (w *suiteWorld) credentials(spec routeSpec) (token string, cookies map[stri
 	}
 }
 
+// apiPath: the JSON API and the callbacks answer problem+json; the rest are pages.
+func apiPath(p string) bool {
+	return strings.HasPrefix(p, "/api/") || strings.HasPrefix(p, "/webhooks/")
+}
+
 // casesFor builds the hostile cases of one route.
 func (w *suiteWorld) casesFor(key string, spec routeSpec, methods []string) []hostileCase {
 	method, route, _ := strings.Cut(key, " ")
-	api := strings.HasPrefix(route, "/api/")
+	api := apiPath(route)
 	token, cookies, csrf := w.credentials(spec)
 	path := route
 	if spec.param != noParam {
 		path = pathWith(route, w.ids[spec.param][0])
 	}
+	path = strings.Replace(path, ":system", "provider", 1) // the callbacks' route: a system that calls back
 	if strings.Contains(route, "*") {
 		path = strings.Replace(strings.TrimSuffix(route, "*"), "/*", "/", 1) + "app.css"
 		path = strings.ReplaceAll(path, "//", "/")
@@ -730,7 +736,7 @@ func (w *suiteWorld) send(t *testing.T, tc hostileCase) response {
 		req.Header.Set("Authorization", "Bearer "+tc.token)
 	}
 	if tc.body != "" {
-		if strings.HasPrefix(tc.path, "/api/") {
+		if apiPath(tc.path) {
 			req.Header.Set("Content-Type", "application/json")
 		} else {
 			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -781,7 +787,7 @@ func (w *suiteWorld) check(t *testing.T, tc hostileCase, r response) {
 		return
 	}
 	ct := r.Header.Get("Content-Type")
-	if strings.HasPrefix(tc.path, "/api/") {
+	if apiPath(tc.path) {
 		if ct != "application/problem+json" {
 			t.Errorf("%s: Content-Type %q, want application/problem+json", what, ct)
 			return
