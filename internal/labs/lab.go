@@ -152,6 +152,7 @@ var catalogue = []*Lab{
 	beliefLab,
 	statusLab,
 	timeoutsLab,
+	callbacksLab,
 }
 
 // The lines are found once, at start-up: the embedded source cannot change.

@@ -310,6 +310,9 @@ var scratch = []string{
 	`DELETE FROM bookings_plain_unique WHERE run_id = $1`,
 	`DELETE FROM bookings_partial_unique WHERE run_id = $1`,
 	`DELETE FROM deposit_bookings WHERE run_id = $1`,
+	`DELETE FROM callback_steps WHERE run_id = $1`,
+	`DELETE FROM callback_inbox WHERE run_id = $1`,
+	`DELETE FROM callback_effects WHERE run_id = $1`,
 	// rows keyed by names that carry the run: "run 7 …"
 	`DELETE FROM idempotency_keys WHERE idempotency_key LIKE 'run-' || $1::bigint || '-%'`,
 	`DELETE FROM inbox WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,

@@ -114,6 +114,18 @@ func TestClaimLab(t *testing.T) {
 	}
 }
 
+func TestWebhooksLab(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "webhooks")
+		want(t, v["blind"], false, map[string]int{"deliveries": 3, "effects": 3, "duplicates": 2, "backwards": 1, "refused": 0})
+		want(t, v["no-fence"], false, map[string]int{"deliveries": 3, "effects": 2, "duplicates": 1, "backwards": 0, "refused": 2})
+		want(t, v["no-monotonic"], false, map[string]int{"deliveries": 3, "effects": 1, "duplicates": 0, "backwards": 1, "refused": 2})
+		want(t, v["correct"], true, map[string]int{"deliveries": 3, "effects": 1, "duplicates": 0, "backwards": 0, "refused": 3})
+	}
+}
+
 func TestInboxLab(t *testing.T) {
 	t.Parallel()
 	l, _, user := setup(t)

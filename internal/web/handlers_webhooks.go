@@ -24,7 +24,7 @@ import (
 var callbackSystems = map[string]bool{"provider": true, "payments": true}
 
 // newCallbackCounter counts every callback by system and what became of it:
-// applied, noted, stale, unknown_step, duplicate, deferred (503: the
+// applied, noted, stale, unknown_step, duplicate, deferred (409: the
 // request still waits for the call's own answer), and the refusals —
 // refused_missing, refused_signature, refused_stale, refused_invalid — that
 // wrote nothing.
@@ -45,7 +45,7 @@ func newCallbackCounter(reg *prometheus.Registry) *prometheus.CounterVec {
 //	signature does not match (forged)       401 webhook-signature
 //	timestamp outside ±5 min (replayed)     401 webhook-stale
 //	body not one event, or not its header's 422 webhook-invalid
-//	the request still waits for the answer  503 + Retry-After (sent again later)
+//	the request still waits for the answer  409 webhook-deferred + Retry-After (sent again later)
 //
 // and otherwise 200 with what the callback did (workflow.Callback): applied,
 // noted, stale, unknown_step or duplicate — each the end of this event, so
@@ -84,7 +84,7 @@ func (app *App) handleWebhook(c echo.Context) error {
 	if errors.Is(err, workflow.ErrOwnerBusy) {
 		app.callbacks.WithLabelValues(system, "deferred").Inc()
 		c.Response().Header().Set("Retry-After", "1")
-		return problem.New(http.StatusServiceUnavailable, "webhook-deferred", "Come again",
+		return problem.New(http.StatusConflict, "webhook-deferred", "Come again",
 			"the request that made this call is still waiting for its answer: nothing was applied; send it again later")
 	}
 	if err != nil {

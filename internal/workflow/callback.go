@@ -40,7 +40,7 @@ import (
 
 // ErrOwnerBusy: the request that started the operation still owns it and
 // waits for the call's own answer; the callback is to come again later
-// (the web layer answers 503 with Retry-After, and the sender retries).
+// (the web layer answers 409 with Retry-After, and the sender retries).
 var ErrOwnerBusy = errors.New("workflow: the operation's request is still waiting for this call's answer")
 
 // BranchCallback marks the timeline lines written because a system called back.
