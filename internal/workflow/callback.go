@@ -228,7 +228,6 @@ func (e *Engine) takeOverForCallback(ctx context.Context, tx pgx.Tx, def *Defini
 	taken.Steps = op.Steps
 	r := e.runner(def, taken, actor)
 	r.branch = BranchCallback
-	r.ran(sqlCallbackTakeOver, args)
 	return r, r.event(ctx, tx, op.Status, "", said+": the callback takes the operation over to record it", sqlCallbackTakeOver)
 }
 
