@@ -14,7 +14,7 @@ DATABASE_URL="${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgr
 log="$(mktemp)"
 
 # One row per sample: the count, then the count per database.
-query="SELECT count(*) || ' ' || coalesce(string_agg(datname || '=' || n, ',' ORDER BY n DESC), '')
+query="SELECT coalesce(sum(n), 0) || ' ' || coalesce(string_agg(datname || '=' || n, ',' ORDER BY n DESC), '')
 FROM (SELECT datname, count(*) AS n FROM pg_stat_activity
       WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
       GROUP BY datname) per_db"
