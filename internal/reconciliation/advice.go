@@ -59,6 +59,9 @@ type Facts struct {
 	NowAt time.Time
 	// NowError is why the latest status query got no answer.
 	NowError string
+	// NowIsRefusal: Now is the call's own definite refusal, not a status
+	// query's answer (a refused step nobody has asked about since).
+	NowIsRefusal bool
 	// ArrivesUntil is the latest deadline any call for the step carried,
 	// plus the clock-skew margin: a call may arrive until then.
 	ArrivesUntil time.Time
@@ -99,6 +102,9 @@ type Choice struct {
 	Label    string `json:"label"`
 	Enabled  bool   `json:"enabled"`
 	Disabled string `json:"disabled_because,omitempty"` // why the evidence rules it out (when !Enabled)
+	// Caution is why the evidence argues against an enabled choice and
+	// why it is still offered (a person may know what the app does not).
+	Caution string `json:"caution,omitempty"`
 }
 
 // Action returns the choice for action.
@@ -123,7 +129,10 @@ func Advise(f Facts) Advice {
 		Now:      f.nowText(),
 	}
 	refused := f.Reason == ReasonRefused
-	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(workflow.ResolveRetry), Label: "Retry now", Enabled: true},
+	// "Retry" hands the operation back to recovery, which asks first and
+	// sends the call again only when the answer allows it: the label says
+	// so, since with no answer and no belief in idempotency nothing is sent.
+	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(workflow.ResolveRetry), Label: "Hand back to recovery", Enabled: true},
 		Choice{Action: string(workflow.ResolveFailed), Label: "Mark failed", Enabled: true},
 		Choice{Action: ActionAskAgain, Label: "Ask " + f.System + " again", Enabled: true}
 
@@ -131,6 +140,11 @@ func Advise(f Facts) Advice {
 	switch f.Now {
 	case external.TruthCompleted:
 		fail.disable(f.System + " says it happened: marking it failed would deny an effect that took place")
+		if f.Idempotent {
+			retry.disable(f.System + " says it happened: there is nothing to send again; mark it done")
+		} else {
+			retry.disable(f.System + " says it happened and is not believed idempotent: the same call again could apply it twice; mark it done")
+		}
 	case external.TruthRejected:
 		retry.disable(f.System + " refused it: the same call would be refused again")
 		if !refused {
@@ -151,6 +165,18 @@ func Advise(f Facts) Advice {
 	}
 	if !f.CanFail {
 		fail.disable("what the earlier steps did elsewhere stands, so the operation cannot simply fail")
+	}
+	// What the belief and an unknown truth argue against, still offered:
+	// a person may have checked with the system, which the app cannot.
+	if f.Now == "" {
+		checked := "offered because you may have checked with " + f.System + " yourself"
+		done.caution("the app does not know it happened: " + checked)
+		fail.caution("the app does not know it did not happen: " + checked)
+		if f.Idempotent {
+			retry.caution("recovery asks " + f.System + " first, and sends the same call with the same key only once it may: " + f.System + " is believed idempotent")
+		} else {
+			retry.caution(f.System + " is not believed idempotent: recovery will ask again and back off, and never send the call blind — so this sends nothing until " + f.System + " answers")
+		}
 	}
 
 	// The first action, from the truth as asked now.
@@ -183,7 +209,7 @@ func Advise(f Facts) Advice {
 	}
 	a.Why, a.Suggestion = sentence(a.Why), sentence(a.Suggestion)
 	for _, c := range []*Choice{&ask, &done, &retry, &fail} {
-		c.Disabled = sentence(c.Disabled)
+		c.Disabled, c.Caution = sentence(c.Disabled), sentence(c.Caution)
 	}
 	a.Actions = []Choice{ask, done, retry, fail}
 	return a
@@ -200,6 +226,12 @@ func sentence(s string) string {
 func (c *Choice) disable(why string) {
 	if c.Enabled {
 		c.Enabled, c.Disabled = false, why
+	}
+}
+
+func (c *Choice) caution(why string) {
+	if c.Enabled {
+		c.Caution = why
 	}
 }
 
@@ -223,12 +255,12 @@ func (f Facts) why() string {
 	case ReasonInconsistent:
 		return f.Step + " was in a state recovery cannot resume from."
 	}
-	used := "Recovery used all its attempts"
-	switch {
-	case f.MaxAttempts == 1:
-		used = "Recovery used its one attempt"
-	case f.MaxAttempts > 1:
-		used = fmt.Sprintf("Recovery used all %d attempts", f.MaxAttempts)
+	// The limit, not a count: the operation's attempts go on growing while
+	// it waits (each question recovery asks counts one), so a number here
+	// would disagree with the card's own count a minute later.
+	used := "Recovery reached its limit of attempts"
+	if f.MaxAttempts > 0 {
+		used = fmt.Sprintf("Recovery reached its limit of %d attempts", f.MaxAttempts)
 	}
 	switch f.Then {
 	case "":
@@ -258,12 +290,18 @@ func (f Facts) truthText(t external.Truth, when string) string {
 	case external.TruthCompleted:
 		return string(t) + ": " + f.System + " had applied the call " + when + "."
 	case external.TruthRejected:
+		if f.Reason == ReasonRefused && when == "at the hand-over" {
+			return string(t) + ": " + f.System + " refused the call itself; nothing was applied."
+		}
 		return string(t) + ": " + f.System + " had refused the call " + when + "; nothing was applied."
 	}
 	return string(t)
 }
 
 func (f Facts) nowText() string {
+	if f.NowIsRefusal {
+		return string(f.Now) + ": the call's own answer, a definite refusal (" + f.System + " has not been asked since); nothing was applied."
+	}
 	if f.NowAt.IsZero() {
 		return TruthUnknown + ": not asked since the hand-over."
 	}

@@ -45,7 +45,8 @@ func TestAdviseEveryCombinationAgrees(t *testing.T) {
 					for _, canFail := range []bool{false, true} {
 						f := Facts{
 							Reason: reason, Step: "provider_cancel", System: "provider", Then: then, Now: now.truth,
-							Idempotent: idempotent, CanFail: canFail, Attempts: 3, MaxAttempts: 3,
+							// 7 of 5: the count grows while it waits (each question counts one).
+							Idempotent: idempotent, CanFail: canFail, Attempts: 7, MaxAttempts: 5,
 							ArrivesUntil: askedAt.Add(time.Second),
 						}
 						if now.asked {
@@ -81,7 +82,7 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	t.Helper()
 	all := strings.Join([]string{a.Headline, a.Why, a.Then, a.Now, a.Suggestion}, " | ")
 	for _, c := range a.Actions {
-		all += " | " + c.Label + " " + c.Disabled
+		all += " | " + c.Label + " " + c.Disabled + " " + c.Caution
 	}
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -187,6 +188,32 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	}
 	if f.Now == "" && !refused && !done.Enabled {
 		fail("mark done disabled on an unknown truth: a person who checked must be able to say so")
+	}
+	// The belief as well as the truth (issue 29): a call the system says
+	// took effect is not sent again, and what the evidence argues against
+	// but still offers says why on the card.
+	if f.Now == external.TruthCompleted && retry.Enabled {
+		fail("retry enabled while the system says COMPLETED")
+	}
+	if f.Now == "" {
+		for _, c := range []Choice{done, failed, retry} {
+			if c.Enabled && c.Caution == "" {
+				fail("%s enabled on an unknown truth without a word of caution", c.Action)
+			}
+		}
+		if retry.Enabled && !f.Idempotent && !strings.Contains(retry.Caution, "not believed idempotent") {
+			fail("retry on an unknown truth does not say the system is not believed idempotent: %q", retry.Caution)
+		}
+	}
+	for _, c := range a.Actions {
+		if !c.Enabled && c.Caution != "" {
+			fail("%s is disabled and cautioned at once", c.Action)
+		}
+	}
+	// One count of attempts: the card's reason names the limit, never a
+	// count that disagrees with the operation's own.
+	if strings.Contains(a.Why, fmt.Sprint(f.Attempts)) || strings.Contains(a.Why, "used all") {
+		fail("the reason names a count of attempts (%d of %d) the card's own count would contradict: %q", f.Attempts, f.MaxAttempts, a.Why)
 	}
 }
 

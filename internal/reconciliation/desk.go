@@ -227,6 +227,16 @@ func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 			f.NowError = c.Detail
 		}
 	}
+	if f.Reason == ReasonRefused {
+		// The call's own answer was a definite refusal: that is the truth
+		// at the hand-over, and now, until a status query says otherwise.
+		if f.Then == "" {
+			f.Then = external.TruthRejected
+		}
+		if it.NowCall == nil {
+			f.Now, f.NowIsRefusal = external.TruthRejected, true
+		}
+	}
 	return f
 }
 

@@ -269,7 +269,14 @@ func deskNotice(q url.Values) string {
 	}
 	if asked, ok := num("asked"); ok {
 		answered, _ := num("answered")
-		return fmt.Sprintf("Asked again: %d of %d answered. The cards below advise from the new answers.", answered, asked)
+		s := fmt.Sprintf("Asked again: %d of %d answered. The cards below advise from the new answers.", answered, asked)
+		if posted, ok := num("posted"); ok && posted > asked {
+			// Recovery asks too, on its own schedule: it may settle an item
+			// between the page's render and the press.
+			s += fmt.Sprintf(" %d of the %d you asked about no longer waited for a person: recovery (or another admin) settled them first — their operation pages say how.",
+				posted-asked, posted)
+		}
+		return s
 	}
 	if decided, ok := num("decided"); ok {
 		changed, _ := num("changed")
@@ -302,7 +309,7 @@ func deskCard(it reconciliation.Item) views.DeskItem {
 		SeenUpdatedAt: op.UpdatedAt.Format(time.RFC3339Nano),
 	}
 	for _, ch := range it.Advice.Actions {
-		a := views.DeskAction{Action: ch.Action, Label: ch.Label, Enabled: ch.Enabled, Disabled: ch.Disabled,
+		a := views.DeskAction{Action: ch.Action, Label: ch.Label, Enabled: ch.Enabled, Disabled: ch.Disabled, Caution: ch.Caution,
 			Primary: ch.Action == it.Advice.Suggested}
 		if ch.Action != reconciliation.ActionAskAgain {
 			a.Key = newFormKey()
@@ -582,7 +589,7 @@ func (app *App) handleAskForm(c echo.Context) error {
 		return err
 	}
 	return c.Redirect(http.StatusSeeOther, deskURL(c.FormValue("return"), url.Values{
-		"asked": {strconv.Itoa(asked)}, "answered": {strconv.Itoa(answered)}}))
+		"asked": {strconv.Itoa(asked)}, "answered": {strconv.Itoa(answered)}, "posted": {strconv.Itoa(len(ids))}}))
 }
 
 // deskURL is the desk with the posted filter (only what parses) and extra.
