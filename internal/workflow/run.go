@@ -353,18 +353,22 @@ func (r *runner) handOver(ctx context.Context, tx pgx.Tx, why string) error {
 	return r.transition(ctx, tx, sqlHandOver, "outcome unknown, handed to recovery: "+why, why)
 }
 
-// The step writes. Each touches the operation row as its owner in the same
+// The step writes. Each locks the operation row as its owner in the same
 // statement (the owner CTE): a writer whose token was replaced matches
 // nothing, and a concurrent claim of the operation waits on this row's lock
-// until the write commits or rolls back.
+// until the write commits or rolls back. A lock, not an update: the step
+// rows change, the operation row does not, so it gets no new version and
+// its nine indexes no new entries (the operation's updated_at moves with
+// the operation itself — ownership, lease, status — and each step keeps
+// its own).
 const ownerCTE = `
 WITH owner AS (
-    UPDATE operations
-       SET updated_at = now()
+    SELECT id
+      FROM operations
      WHERE id = $1
        AND owner_token = $2 -- the fence: 0 rows once another worker owns the operation
        AND status IN ('IN_PROGRESS', 'RECOVERING') -- and never a finished one
-    RETURNING id
+       FOR UPDATE -- a claim of the operation waits for this write's commit, then finds a new owner
 )`
 
 // sqlStepsDone marks local steps ($4, names) DONE.
@@ -393,15 +397,19 @@ UPDATE operation_steps s
    AND s.state = 'PENDING'
 RETURNING ` + stepColumns
 
-// SENT also renews the owner's lease, to cover the call it is about to
-// make, and records the call in operation_calls — one statement, one round
-// trip: the call's row exists exactly when the step was written SENT. $8 is
-// the actor.
+// SENT also makes sure the owner's lease covers the call it is about to
+// make — renewed when less than half a lease would be left at the call's
+// deadline ($5), else left as it is: an unchanged lease is an update that
+// touches no indexed column, so it stays on its page (HOT) — and records
+// the call in operation_calls: one statement, one round trip, and the
+// call's row exists exactly when the step was written SENT. $8 is the actor.
 const sqlStepSent = `
 WITH owner AS (
     UPDATE operations
-       SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => $7)),
-           updated_at = now()
+       SET lease_expires_at = CASE
+               WHEN lease_expires_at < $5::timestamptz + make_interval(secs => $7 / 2) THEN now() + make_interval(secs => $7)
+               ELSE lease_expires_at
+           END
      WHERE id = $1
        AND owner_token = $2 -- the fence
        AND status IN ('IN_PROGRESS', 'RECOVERING')
