@@ -19,7 +19,17 @@ ALTER TABLE operation_calls
     DROP CONSTRAINT operation_calls_system_fkey;
 -- A step names its system as its definition does (workflow.Caller.System);
 -- the belief about it is read by name and a missing one is an error there.
-ALTER TABLE operation_steps DROP CONSTRAINT operation_steps_system_fkey;
+-- A run's steps are inserted by the transaction that has just inserted or
+-- restarted their operation (workflow.sqlInsertSteps): their foreign key
+-- to it re-checked that, six times per cancellation.
+ALTER TABLE operation_steps
+    DROP CONSTRAINT operation_steps_system_fkey,
+    DROP CONSTRAINT operation_steps_operation_id_fkey;
+
+-- The calls are read by operation (the page, the desk: operation_idx);
+-- the index by step key went (one entry fewer per call, four per
+-- cancellation).
+DROP INDEX operation_calls_step_key_idx;
 
 -- The timeline is read by operation, in order: that index is its key, and
 -- the one on id alone went (one index entry fewer per line).
@@ -38,6 +48,8 @@ ALTER TABLE operation_steps
     ADD PRIMARY KEY (operation_id, run, name);
 
 -- +goose Down
+CREATE INDEX operation_calls_step_key_idx ON operation_calls (step_key, id);
+ALTER TABLE operation_steps ADD CONSTRAINT operation_steps_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES operations (id);
 ALTER TABLE operation_steps
     DROP CONSTRAINT operation_steps_pkey,
     ADD PRIMARY KEY (operation_id, run, position),

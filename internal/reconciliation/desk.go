@@ -147,8 +147,9 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
 		       request, outcome, truth, detail, took_ms
 		  FROM operation_calls
-		 WHERE step_key = ANY($1)
-		 ORDER BY id`, keys)
+		 WHERE operation_id = ANY($2) -- operation_calls_operation_idx
+		   AND step_key = ANY($1)
+		 ORDER BY id`, keys, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reconciliation: calls: %w", err)
 	}
