@@ -41,12 +41,14 @@ test-short: ## the tier to run while working: go test -short (no browser, chaos 
 generate: ## regenerate templ components (*_templ.go are committed)
 	go tool templ generate
 
-lint: ## gofmt, go vet, generated templ files up to date, govulncheck (VULNDB=… for a copy of its database)
+lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files up to date, govulncheck (VULNDB=… for a copy of its database)
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt: these files need formatting:"; echo "$$unformatted"; exit 1; \
 	fi
 	go vet ./...
+	@go mod tidy -diff || { echo "lint: go.mod/go.sum are not tidy: run 'go mod tidy'"; exit 1; }
+	go tool staticcheck ./...
 	go tool templ generate
 	@git diff --exit-code -- '*_templ.go' || \
 		{ echo "lint: *_templ.go out of date: run 'make generate' and commit the result"; exit 1; }

@@ -256,16 +256,6 @@ func (w *worker) awaitConfirmed(ctx context.Context, a answer, token string) (in
 	return 0, false
 }
 
-// bookAndRelease: raceBook without the hold — the unit bench measures.
-func bookAndRelease(ctx context.Context, w *worker) error {
-	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]
-	a := w.c.send(ctx, bookRequest(w.d.slots[w.rng.IntN(len(w.d.slots))], cu.token, w.newKey()))
-	if id, ok := createdID(a); ok {
-		w.c.send(ctx, releaseRequest(id, cu.token, w.newKey()))
-	}
-	return nil
-}
-
 // bookFreeSlot: one booking of a slot nobody else wants — the unit bench
 // measures against its floor.
 func bookFreeSlot(ctx context.Context, w *worker) error {

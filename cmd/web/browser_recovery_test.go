@@ -134,6 +134,9 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 		                   (3, 'mark_cancelled', NULL, 'PENDING'), (4, 'publish_event', NULL, 'PENDING'),
 		                   (5, 'audit', NULL, 'PENDING')) AS s(position, name, system, state))
 		SELECT id FROM o`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for rows.Next() {
 		var id int64
 		rows.Scan(&id)

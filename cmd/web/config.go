@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -118,32 +119,32 @@ type config struct {
 
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
-		DatabaseURL:       or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		DatabaseURL:       cmp.Or(getenv("DATABASE_URL"), "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		DatabaseDirectURL: getenv("DATABASE_DIRECT_URL"),
-		Addr:              or(getenv("ADDR"), ":8080"),
-		LogFormat:         or(getenv("LOG_FORMAT"), "text"),
+		Addr:              cmp.Or(getenv("ADDR"), ":8080"),
+		LogFormat:         cmp.Or(getenv("LOG_FORMAT"), "text"),
 		SessionSecret:     getenv("SESSION_SECRET"),
 		DemoTokens:        getenv("DEMO_TOKENS"),
 		InstanceID:        getenv("INSTANCE_ID"),
-		BodyLimit:         or(getenv("BODY_LIMIT"), "1M"),
+		BodyLimit:         cmp.Or(getenv("BODY_LIMIT"), "1M"),
 
 		ProviderURL:        getenv("PROVIDER_URL"),
-		ProviderAddr:       or(getenv("PROVIDER_ADDR"), ":8081"),
+		ProviderAddr:       cmp.Or(getenv("PROVIDER_ADDR"), ":8081"),
 		ProviderFaultMode:  getenv("PROVIDER_FAULT_MODE"),
 		ProviderIdempotent: getenv("PROVIDER_IDEMPOTENT"),
 
 		PaymentsURL:        getenv("PAYMENTS_URL"),
-		PaymentsAddr:       or(getenv("PAYMENTS_ADDR"), ":8082"),
+		PaymentsAddr:       cmp.Or(getenv("PAYMENTS_ADDR"), ":8082"),
 		PaymentsFaultMode:  getenv("PAYMENTS_FAULT_MODE"),
 		PaymentsIdempotent: getenv("PAYMENTS_IDEMPOTENT"),
 		FakeControlToken:   getenv("FAKE_CONTROL_TOKEN"),
 		WebhookSecret:      getenv("WEBHOOK_SECRET"),
 		WebhookURL:         getenv("WEBHOOK_URL"),
-		RedisURL:           or(getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"),
-		RedisServer:        or(getenv("REDIS_SERVER"), "redis-server"),
+		RedisURL:           cmp.Or(getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"),
+		RedisServer:        cmp.Or(getenv("REDIS_SERVER"), "redis-server"),
 
 		CrashAt:   getenv("CRASH_AT"),
-		CrashMode: or(getenv("CRASH_MODE"), string(crash.Exit)),
+		CrashMode: cmp.Or(getenv("CRASH_MODE"), string(crash.Exit)),
 	}
 	var err error
 	switch v := getenv("DEMO_MODE"); v {
@@ -221,7 +222,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("%s: %q is neither true nor false", name, v)
 		}
 	}
-	if err := c.LogLevel.UnmarshalText([]byte(or(getenv("LOG_LEVEL"), "info"))); err != nil {
+	if err := c.LogLevel.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
@@ -286,13 +287,6 @@ func parseNets(spec string) ([]*net.IPNet, error) {
 		nets = append(nets, n)
 	}
 	return nets, nil
-}
-
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
 }
 
 func intEnv(getenv func(string) string, name string, def int32) (int32, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,7 +66,7 @@ type eventsConfig struct {
 func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsConfig, error) {
 	ec := eventsConfig{
 		Workers: true,
-		NATSURL: or(getenv("NATS_URL"), nats.DefaultURL),
+		NATSURL: cmp.Or(getenv("NATS_URL"), nats.DefaultURL),
 		// A NATS_URL asked for is used as given, answering or not.
 		NATSEmbed:   getenv("NATS_URL") == "",
 		NATSDataDir: getenv("NATS_DATA_DIR"),
@@ -73,7 +74,7 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		Subject:     getenv("EVENTS_SUBJECT"),
 		Topic:       getenv("EVENTS_TOPIC"),
 
-		KafkaAddr:    or(getenv("KAFKA_ADDR"), "127.0.0.1:9092"),
+		KafkaAddr:    cmp.Or(getenv("KAFKA_ADDR"), "127.0.0.1:9092"),
 		KafkaDataDir: getenv("KAFKA_DATA_DIR"),
 	}
 	for _, b := range strings.Split(getenv("KAFKA_BROKERS"), ",") {
@@ -93,9 +94,9 @@ func loadEventsConfig(getenv func(string) string, databaseURL string) (eventsCon
 		return ec, fmt.Errorf("EVENTS_TRANSPORT: %w", err)
 	}
 	db := databaseName(databaseURL)
-	ec.Stream = or(ec.Stream, "IDEMLAB_EVENTS_"+strings.ToUpper(db))
-	ec.Subject = or(ec.Subject, "idemlab.events."+db)
-	ec.Topic = or(ec.Topic, "idemlab.events."+db)
+	ec.Stream = cmp.Or(ec.Stream, "IDEMLAB_EVENTS_"+strings.ToUpper(db))
+	ec.Subject = cmp.Or(ec.Subject, "idemlab.events."+db)
+	ec.Topic = cmp.Or(ec.Topic, "idemlab.events."+db)
 	for _, d := range []struct {
 		dst  *time.Duration
 		name string
@@ -147,7 +148,7 @@ func databaseName(url string) string {
 	if i := strings.LastIndex(url, "/"); i >= 0 {
 		name = strings.SplitN(url[i+1:], "?", 2)[0]
 	}
-	return or(unsafeName.ReplaceAllString(strings.ToLower(name), "_"), "postgres")
+	return cmp.Or(unsafeName.ReplaceAllString(strings.ToLower(name), "_"), "postgres")
 }
 
 // eventsRuntime is this process's part of the events machinery: the relay

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -191,7 +192,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	banner(stdout, ln.Addr(), ext.providerURL, ext.paymentsURL, accounts)
 	// The task queue pushes to this instance unless TASKS_PUSH_URL names a
 	// load balancer over all of them.
-	eventsRun.cfg.Tasks.PushURL = or(eventsRun.cfg.Tasks.PushURL, "http://"+dialable(ln.Addr()))
+	eventsRun.cfg.Tasks.PushURL = cmp.Or(eventsRun.cfg.Tasks.PushURL, "http://"+dialable(ln.Addr()))
 
 	var bg background
 	defer bg.stop()
@@ -212,7 +213,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	// Callbacks: the fakes in this process call this instance back (when
 	// their webhook mode is not off) unless WEBHOOK_URL names another.
 	for _, fs := range ext.fakes {
-		bg.start(fs.callbacks(or(cfg.WebhookURL, "http://"+dialable(ln.Addr())), hookSecret, logger).Run)
+		bg.start(fs.callbacks(cmp.Or(cfg.WebhookURL, "http://"+dialable(ln.Addr())), hookSecret, logger).Run)
 	}
 	return serveHTTP(ctx, ln, app.Handler(), cfg.ShutdownGrace, logger)
 }
@@ -472,7 +473,7 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger, args []string
 	}
 	// The migrations' session lock needs the database itself, not a
 	// pooler in transaction mode.
-	pool, err := database.Open(ctx, or(cfg.DatabaseDirectURL, cfg.DatabaseURL), 2)
+	pool, err := database.Open(ctx, cmp.Or(cfg.DatabaseDirectURL, cfg.DatabaseURL), 2)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -53,7 +54,7 @@ type tasksConfig struct {
 func loadTasksConfig(getenv func(string) string, databaseURL string) (tasksConfig, error) {
 	tc := tasksConfig{
 		URL:         strings.TrimRight(getenv("TASKS_URL"), "/"),
-		Addr:        or(getenv("TASKS_ADDR"), "127.0.0.1:8084"),
+		Addr:        cmp.Or(getenv("TASKS_ADDR"), "127.0.0.1:8084"),
 		PushURL:     strings.TrimRight(getenv("TASKS_PUSH_URL"), "/"),
 		PushToken:   getenv("TASKS_PUSH_TOKEN"),
 		databaseURL: databaseURL,
@@ -197,6 +198,6 @@ func tasksOnly(ctx context.Context, cfg config, logger *slog.Logger, stdout io.W
 		case <-ctx.Done():
 		}
 	}()
-	return serveTaskQueue(ctx, pool, cfg.Events.Tasks, cfg.Events.AckWait, or(cfg.InstanceID, "tasks"),
+	return serveTaskQueue(ctx, pool, cfg.Events.Tasks, cfg.Events.AckWait, cmp.Or(cfg.InstanceID, "tasks"),
 		cfg.fakeControlAccess(), logger, started)
 }

@@ -121,7 +121,7 @@ func (h *Handler) Handle(ctx context.Context, d Delivery) (string, error) {
 				return fmt.Errorf("apply: %w", err)
 			}
 		} else {
-			caughtBy = ptr(LayerInbox)
+			caughtBy = new(LayerInbox)
 		}
 		_, err = tx.Exec(ctx, sqlRecordDelivery, d.ID, name, h.transport, h.instance, d.Attempt,
 			outcome, caughtBy, nullMode(d.Injected), d.Via)
@@ -181,10 +181,8 @@ func nullMode(m Mode) *string {
 	if m == "" {
 		return nil
 	}
-	return ptr(string(m))
+	return new(string(m))
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // waitApplied waits until this consumer's inbox has id, or for at most
 // bound (the injector's hold_past_deadline).

@@ -241,6 +241,7 @@ func (c *KafkaConsumer) session(ctx context.Context, left chan<- struct{}) error
 	defer cl.Close() // leaves the group: its partitions go to the other members
 	var once sync.Once
 	leave := func() {
+		//lint:ignore SA1012 franz-go's documented way to start leaving without waiting
 		cl.LeaveGroupContext(nil) // nil: start leaving, do not wait
 		once.Do(func() { close(left) })
 	}
@@ -307,6 +308,7 @@ func (c *KafkaConsumer) runOnce(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Wait)
 	defer cancel()
 	for ctx.Err() == nil { // a poll may bring only a fetch error (the topic not known yet)
+		//lint:ignore SA1012 as in Run: start leaving, do not wait
 		n, _, err := c.pollOnce(ctx, cl, func() { cl.LeaveGroupContext(nil) })
 		if n > 0 || err != nil {
 			return n, err

@@ -316,16 +316,6 @@ func checkInjectedMode(t testing.TB, b *bundle, mode events.Mode, start func(con
 	}
 }
 
-func (b *bundle) brokerDuplicates(t testing.TB, id uuid.UUID) int {
-	t.Helper()
-	var n int
-	if err := b.db.Pool.QueryRow(context.Background(), `
-		SELECT count(*) FROM event_publishes WHERE event_id = $1 AND duplicate`, id).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestRetentionDeletesOldSentRowsInBatches(t *testing.T) {
 	t.Parallel()
 	b := setupNATS(t, testenv.NATSURL(t), events.NATSConfig{})

@@ -359,9 +359,9 @@ func (r *Relay) relayBatch(ctx context.Context) (RelayCounts, error) {
 		var why *string
 		if i >= len(ms) { // an injected second copy of one of ms
 			orig = indexOf(ms, send[i].ID)
-			why = ptr(string(DeliverTwice))
+			why = new(string(DeliverTwice))
 		} else if injected[i] == AfterWindow {
-			why = ptr(string(AfterWindow) + " (first copy)")
+			why = new(string(AfterWindow) + " (first copy)")
 		}
 		if res.Err != nil {
 			if i < len(ms) {
@@ -451,7 +451,7 @@ func (r *Relay) publishAgainAfterWindow(ctx context.Context, m Message) {
 		}
 		r.cfg.Metrics.published(r.pub.Transport(), map[bool]string{true: "duplicate", false: "acked"}[res.Duplicate], 1)
 		_, err := r.pool.Exec(context.WithoutCancel(ctx), sqlLogPublishes, []uuid.UUID{m.ID}, r.pub.Transport(),
-			r.cfg.Instance, []bool{res.Duplicate}, []*string{ptr(string(AfterWindow))})
+			r.cfg.Instance, []bool{res.Duplicate}, []*string{new(string(AfterWindow))})
 		if err != nil {
 			r.cfg.Logger.Warn("events: could not log a publish", "event", m.ID, "err", err)
 		}

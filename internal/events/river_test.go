@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"testing"
@@ -36,8 +37,8 @@ func (b *bundle) startRiverConsumers(t testing.TB, instances int, cfg events.Riv
 		c := cfg
 		c.ID = fmt.Sprintf("river-%d-%s", i+1, uniqueName(""))
 		c.Injector = b.injector
-		c.PollInterval = cmpOr(c.PollInterval, 100*time.Millisecond)
-		c.RetryAfter = cmpOr(c.RetryAfter, 100*time.Millisecond)
+		c.PollInterval = cmp.Or(c.PollInterval, 100*time.Millisecond)
+		c.RetryAfter = cmp.Or(c.RetryAfter, 100*time.Millisecond)
 		r, err := events.NewRiverConsumers(b.db.Pool, hs, c)
 		if err != nil {
 			t.Fatal(err)

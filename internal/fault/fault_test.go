@@ -151,12 +151,12 @@ func TestControlClientNamesTheRefusedField(t *testing.T) {
 	}
 	// A store that knows bookings takes a booking override and reads it back.
 	f = fault.Default()
-	f.Mode, f.BookingID = fault.ModeReject, ptr(int64(3))
+	f.Mode, f.BookingID = fault.ModeReject, new(int64(3))
 	cfg, err := b.control.SetFaults(context.Background(), f)
 	if err != nil || len(cfg.Overrides) != 1 || cfg.Overrides[0].BookingID == nil || *cfg.Overrides[0].BookingID != 3 || cfg.Overrides[0].PolicyID != nil {
 		t.Fatalf("config = %+v, %v; want one override for booking 3", cfg, err)
 	}
-	f.PolicyID = ptr(int64(4))
+	f.PolicyID = new(int64(4))
 	if _, err := b.control.SetFaults(context.Background(), f); !errors.As(err, &invalid) || invalid.Field != "booking_id" {
 		t.Fatalf("policy and booking at once: err = %v", err)
 	}
@@ -297,5 +297,3 @@ func TestAccess(t *testing.T) {
 		}
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

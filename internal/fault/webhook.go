@@ -2,6 +2,7 @@ package fault
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -241,10 +242,10 @@ type Sender struct {
 
 // NewSender returns the sender of outbox on pool.
 func NewSender(pool *pgxpool.Pool, outbox Outbox, cfg SenderConfig) *Sender {
-	cfg.Interval = cmpOr(cfg.Interval, 100*time.Millisecond)
-	cfg.Timeout = cmpOr(cfg.Timeout, 10*time.Second)
-	cfg.MinBackoff = cmpOr(cfg.MinBackoff, 500*time.Millisecond)
-	cfg.MaxBackoff = cmpOr(cfg.MaxBackoff, time.Minute)
+	cfg.Interval = cmp.Or(cfg.Interval, 100*time.Millisecond)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 500*time.Millisecond)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, time.Minute)
 	if cfg.Batch <= 0 {
 		cfg.Batch = 50
 	}
@@ -255,13 +256,6 @@ func NewSender(pool *pgxpool.Pool, outbox Outbox, cfg SenderConfig) *Sender {
 		cfg.Logger = slog.Default()
 	}
 	return &Sender{pool: pool, outbox: outbox, cfg: cfg}
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }
 
 // Run pushes due callbacks until ctx is done.

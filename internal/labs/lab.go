@@ -48,8 +48,6 @@ var (
 	colExecutions = Column{Key: "executions", Label: "executions"}
 	colEffects    = Column{Key: "effects", Label: "effects"}
 	colDuplicates = Column{Key: "duplicates", Label: "duplicate effects", Bad: true}
-	colLost       = Column{Key: "lost", Label: "lost", Bad: true}
-	colRefused    = Column{Key: "refused", Label: "stopped by a guard"}
 )
 
 // CodeRef points at one line of idemlab's source by what the line says. The

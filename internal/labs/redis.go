@@ -218,6 +218,7 @@ func (e *env) duplicateUnderClaim(ctx context.Context, sys *fakeSystem, variant 
 	select {
 	case <-inFlight:
 	case a := <-aDone:
+		//lint:ignore ST1005 "A" is the name of the lab's first request, shown as is
 		return v, fmt.Errorf("A ended before its call: %q %v", a.answer, a.err)
 	}
 	t.say("A", "is in flight: claim and intent committed, provider call not answered yet")

@@ -96,8 +96,7 @@ func (b *Booker) Release(ctx context.Context, req ReleaseBooking, hooks workflow
 		return b.store.Release(ctx, tx, req.BookingID, req.UserID, req.AsAdmin)
 	})
 	if errors.Is(err, errDepositRefund) && b.deposits != nil {
-		return b.deposits.Cancel(ctx, CancelBooking{BookingID: req.BookingID, UserID: req.UserID, AsAdmin: req.AsAdmin,
-			RequestKey: req.RequestKey, Actor: req.Actor}, hooks)
+		return b.deposits.Cancel(ctx, CancelBooking(req), hooks)
 	}
 	return bk, err
 }

@@ -133,6 +133,3 @@ func customerTimeline(events []workflow.Event) []workflow.Event {
 	}
 	return out
 }
-
-// uuids are owner tokens, wherever they appear in a statement's values.
-var uuids = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)

@@ -343,7 +343,7 @@ func TestTruthAndFaultsSurviveARestart(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	s.set(t, func(f *fault.Fault) { f.Mode = fault.ModeLostResponse })
-	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID = fault.ModeReject, ptr(int64(8)) })
+	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID = fault.ModeReject, new(int64(8)) })
 	s.gaveUp(t, s.refund(t, s.impatient, "lost", 7))
 	s.stop() // the service's process dies
 
@@ -397,8 +397,8 @@ func TestScopes(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	s.set(t, func(f *fault.Fault) { f.Mode = fault.ModeReject })
-	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID = fault.ModeOK, ptr(int64(7)) })
-	s.set(t, func(f *fault.Fault) { f.Mode, f.PolicyID = fault.ModeOK, ptr(int64(7)) })
+	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID = fault.ModeOK, new(int64(7)) })
+	s.set(t, func(f *fault.Fault) { f.Mode, f.PolicyID = fault.ModeOK, new(int64(7)) })
 
 	want(t, s.charge(t, s.client, "b7", 7), external.Confirmed, external.TruthCompleted) // the booking's override beats the global
 	want(t, s.refund(t, s.client, "p7", 7), external.Confirmed, external.TruthCompleted) // so does the policy's
@@ -407,7 +407,7 @@ func TestScopes(t *testing.T) {
 	res, _ := s.client.Refund(context.Background(), payments.RefundRequest{Key: "rb7", ChargeKey: "b7", AmountCents: 10})
 	want(t, res, external.Confirmed, external.TruthCompleted)
 
-	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID, f.Next = fault.ModeError, ptr(int64(7)), 1 })
+	s.set(t, func(f *fault.Fault) { f.Mode, f.BookingID, f.Next = fault.ModeError, new(int64(7)), 1 })
 	want(t, s.charge(t, s.client, "b7b", 7), external.Unknown, "") // the script beats the override
 	want(t, s.charge(t, s.client, "b7c", 7), external.Confirmed, external.TruthCompleted)
 }
@@ -608,5 +608,3 @@ func TestControlAPIAccessAndReset(t *testing.T) {
 		t.Fatalf("truth after reset = %s", tr)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

@@ -53,7 +53,7 @@ const declined = "the card was declined (fault mode reject)"
 func (c charge) InsertFirst(ctx context.Context, tx pgx.Tx) (bool, error) {
 	outcome, reason := "ACCEPTED", (*string)(nil)
 	if !c.Accepted() {
-		outcome, reason = "REJECTED", ptr(declined)
+		outcome, reason = "REJECTED", new(declined)
 	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO fake_payments.charges (idempotency_key, policy_id, booking_id, amount_cents, description,
@@ -152,7 +152,7 @@ func (r *refund) InsertFirst(ctx context.Context, tx pgx.Tx) (bool, error) {
 	outcome, reason := "ACCEPTED", (*string)(nil)
 	switch {
 	case !r.fault.Accepted():
-		outcome, reason = "REJECTED", ptr("the refund was refused (fault mode reject)")
+		outcome, reason = "REJECTED", new("the refund was refused (fault mode reject)")
 	case r.refusal != "":
 		outcome, reason = "REJECTED", &r.refusal
 	}
@@ -389,5 +389,3 @@ func truthOf(t external.Truth, err error) (external.Truth, error) {
 	}
 	return t, nil
 }
-
-func ptr[T any](v T) *T { return &v }

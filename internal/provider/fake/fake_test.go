@@ -409,7 +409,7 @@ func TestTruthSurvivesARestart(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.setFault(t, fake.Fault{Mode: fake.ModeLostResponse, Idempotent: true})
-	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, PolicyID: ptr(int64(8))})
+	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, PolicyID: new(int64(8))})
 	wantOutcome(t, b.cancelAndGiveUp(t, "lost", 7), provider.Unknown, "")
 	b.stop() // the provider process dies
 
@@ -435,7 +435,7 @@ func TestScript(t *testing.T) {
 	b.setFault(t, fake.Fault{Mode: fake.ModeError, Idempotent: true})
 	b.setFault(t, fake.Fault{Mode: fake.ModeLostResponse, Idempotent: true, Next: 1})
 	b.setFault(t, fake.Fault{Mode: fake.ModeOK, Idempotent: true, Next: 2})
-	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, Next: 1, PolicyID: ptr(int64(50))})
+	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, Next: 1, PolicyID: new(int64(50))})
 
 	cfg, err := b.control.Faults(ctx)
 	if err != nil {
@@ -504,12 +504,12 @@ func TestScopes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true})
-	b.setFault(t, fake.Fault{Mode: fake.ModeOK, Idempotent: true, PolicyID: ptr(int64(7))})
+	b.setFault(t, fake.Fault{Mode: fake.ModeOK, Idempotent: true, PolicyID: new(int64(7))})
 
 	wantOutcome(t, b.cancel(t, "p7", 7), provider.Confirmed, provider.TruthCompleted) // the override beats the global fault
 	wantOutcome(t, b.cancel(t, "p8", 8), provider.Rejected, provider.TruthRejected)   // no override: global
 
-	b.setFault(t, fake.Fault{Mode: fake.ModeError, Idempotent: true, PolicyID: ptr(int64(7)), Next: 1})
+	b.setFault(t, fake.Fault{Mode: fake.ModeError, Idempotent: true, PolicyID: new(int64(7)), Next: 1})
 	wantOutcome(t, b.cancel(t, "p7b", 7), provider.Unknown, "") // the script beats the override
 	wantOutcome(t, b.cancel(t, "p7c", 7), provider.Confirmed, provider.TruthCompleted)
 }
@@ -541,7 +541,7 @@ func TestStatusFaults(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		_, err := b.control.SetFaults(context.Background(),
-			fake.Fault{Mode: fake.ModeOK, StatusMode: fake.StatusError, PolicyID: ptr(int64(1)), Weights: fake.DefaultWeights()})
+			fake.Fault{Mode: fake.ModeOK, StatusMode: fake.StatusError, PolicyID: new(int64(1)), Weights: fake.DefaultWeights()})
 		if !errors.Is(err, fake.ErrInvalidFault) {
 			t.Fatalf("err = %v, want ErrInvalidFault", err)
 		}
@@ -639,7 +639,7 @@ func TestControl(t *testing.T) {
 
 	b.setFault(t, fake.Fault{Mode: fake.ModeOK, Idempotent: true})
 	wantOutcome(t, b.cancel(t, "k", 1), provider.Confirmed, provider.TruthCompleted)
-	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, PolicyID: ptr(int64(3))})
+	b.setFault(t, fake.Fault{Mode: fake.ModeReject, Idempotent: true, PolicyID: new(int64(3))})
 	b.setFault(t, fake.Fault{Mode: fake.ModeError, Idempotent: true, Next: 4})
 	if err := b.control.Reset(ctx); err != nil {
 		t.Fatal(err)
@@ -668,5 +668,3 @@ func equal(a, b []provider.Outcome) bool {
 	}
 	return true
 }
-
-func ptr[T any](v T) *T { return &v }

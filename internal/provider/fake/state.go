@@ -16,9 +16,6 @@ import (
 // This file is the provider's durable state: every SQL statement it runs.
 // Each exported method is one transaction.
 
-// errKeyReused reports a key already used for another policy.
-var errKeyReused = fault.ErrKeyReused
-
 // requests is the provider's table of key records; webhooks its outbox of
 // callbacks.
 var (
@@ -82,7 +79,7 @@ func (p *Provider) receive(ctx context.Context, c call) (request, error) {
 func (c call) InsertFirst(ctx context.Context, tx pgx.Tx) (bool, error) {
 	outcome, reason := "ACCEPTED", (*string)(nil)
 	if !c.Accepted() {
-		outcome, reason = "REJECTED", ptr(rejectReason)
+		outcome, reason = "REJECTED", new(rejectReason)
 	}
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO fake_provider.requests (idempotency_key, policy_id, reason, outcome, reject_reason, completes_at)
@@ -244,5 +241,3 @@ func (p *Provider) effects(ctx context.Context, at *time.Time) (Effects, error) 
 	}
 	return e, nil
 }
-
-func ptr[T any](v T) *T { return &v }

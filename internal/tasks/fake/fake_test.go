@@ -2,6 +2,7 @@ package fake_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,8 +72,8 @@ type bundle struct {
 func setup(t *testing.T, cfg fake.Config) *bundle {
 	t.Helper()
 	db := testdb.New(t)
-	cfg.MinBackoff = cmpOr(cfg.MinBackoff, 10*time.Millisecond)
-	cfg.MaxBackoff = cmpOr(cfg.MaxBackoff, 50*time.Millisecond)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 10*time.Millisecond)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, 50*time.Millisecond)
 	q, err := fake.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -82,14 +83,6 @@ func setup(t *testing.T, cfg fake.Config) *bundle {
 	c := tasks.NewClient(srv.URL, 5*time.Second)
 	t.Cleanup(c.CloseIdleConnections)
 	return &bundle{db: db, queue: q, client: c}
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 func (b *bundle) create(t *testing.T, id, url string) (tasks.Task, error) {
