@@ -50,7 +50,7 @@ func TestLabRunsFromTheAPIOncePerKey(t *testing.T) {
 	}
 	r := s.do(request{Method: "GET", Path: "/api/v1/labs", Token: "demo-alice"})
 	r.JSON(t, &list)
-	if r.Status != http.StatusOK || len(list.Labs) != 10 || len(list.Labs[0].Code) == 0 {
+	if r.Status != http.StatusOK || len(list.Labs) != 11 || len(list.Labs[0].Code) == 0 {
 		t.Fatalf("GET /api/v1/labs: %d %s", r.Status, r.Body)
 	}
 

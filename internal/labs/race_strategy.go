@@ -83,15 +83,24 @@ func book(ctx context.Context, tx pgx.Tx, store *slots.Store, strategy Strategy,
 		b, err = store.Book(ctx, tx, slotID, userID)
 		tr.Waited = time.Since(start)
 	case SelectForUpdate:
-		// Take the row lock BookWithRowLock takes, then pause holding it:
-		// the others queue meanwhile. BookWithRowLock's own lock is then
-		// already ours.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM slots WHERE id = $1 FOR UPDATE`, slotID); err != nil {
+		// Take the row lock BookWithRowLock takes and look, then pause
+		// holding it: the others queue meanwhile. A racer that finds the
+		// slot taken once the lock is its own does not pause — it gives up,
+		// as BookWithRowLock then does — so losers wait about one think
+		// time, not one each. BookWithRowLock's own lock is then ours.
+		var available bool
+		if err := tx.QueryRow(ctx, `
+			SELECT status = 'AVAILABLE'
+			  FROM slots
+			 WHERE id = $1
+			   FOR UPDATE -- waits while another racer holds the row`, slotID).Scan(&available); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return slots.Booking{}, tr, fmt.Errorf("labs: race: lock slot: %w", err)
 		}
 		tr.Waited = time.Since(start)
-		if err := pause(ctx, tx, think); err != nil {
-			return slots.Booking{}, tr, err
+		if available {
+			if err := pause(ctx, tx, think); err != nil {
+				return slots.Booking{}, tr, err
+			}
 		}
 		b, err = store.BookWithRowLock(ctx, tx, slotID, userID)
 	case CheckThenInsert:
