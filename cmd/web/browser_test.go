@@ -99,7 +99,7 @@ func TestBrowserBookReleaseAndRaceLab(t *testing.T) {
 	}
 	browsertest.Screenshot(ctx, t, "slots-booked")
 
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Click(cell+`[data-state="mine"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(cell+`[data-state="free"]`, chromedp.ByQuery),
 		chromedp.Text(`.flash`, &flash, chromedp.ByQuery),
@@ -114,7 +114,7 @@ func TestBrowserBookReleaseAndRaceLab(t *testing.T) {
 
 	// The race lab: 16 users, the naive strategy, a 50 ms window.
 	var verdict, won, rows string
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Click(`header nav a[href="/labs"]`, chromedp.ByQuery),
 		chromedp.Click(`a[href="/labs/race"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="race-form"]`, chromedp.ByQuery),

@@ -138,7 +138,7 @@ func Run(ctx context.Context, actions ...chromedp.Action) error {
 		var err error
 		for range 5 {
 			err = chromedp.Run(ctx, a)
-			if err == nil || !strings.Contains(err.Error(), "No node with given id found") {
+			if err == nil || !nodeSwapped(err) {
 				break
 			}
 		}
@@ -147,4 +147,12 @@ func Run(ctx context.Context, actions ...chromedp.Action) error {
 		}
 	}
 	return nil
+}
+
+// nodeSwapped reports whether err is Chromium saying the node an action held
+// is gone: htmx replaced it between the query and the action. It says so in
+// two ways, depending on the call.
+func nodeSwapped(err error) bool {
+	return strings.Contains(err.Error(), "No node with given id found") ||
+		strings.Contains(err.Error(), "Could not find node with given id")
 }
