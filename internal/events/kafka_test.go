@@ -174,7 +174,12 @@ func TestKafkaRelayCrashAfterPublishBeforeMarkProducesAgain(t *testing.T) {
 	b.waitApplied(t, ids, 2*time.Minute)
 	waitFor(t, 2*time.Minute, "the inbox to catch the second record of every event", func() bool {
 		for _, id := range ids {
-			if b.deliveries(t, id)[events.OutcomeDuplicate] != 2 { // one per consumer
+			// At least one per consumer: a member that missed its poll
+			// deadline hands its records to the next, which redelivers
+			// some, and those are caught the same way — exactly 2 then
+			// never came (seen waiting 2 minutes). assertOnce below holds
+			// what matters: each consumer applied each event once.
+			if b.deliveries(t, id)[events.OutcomeDuplicate] < 2 {
 				return false
 			}
 		}
