@@ -76,20 +76,28 @@ func systemName(s string) bool {
 	return true
 }
 
-// handleListOperations: GET /api/v1/operations — every operation for an
-// admin, the caller's own for a customer; newest first, filtered,
-// paginated, with the counts per status.
-func (app *App) handleListOperations(c echo.Context) error {
+// listOperations reads what both renderings of the list show: the filter
+// the query asks for, one page of rows (limit + 1, for the cursor) and the
+// counts per status under the same filter.
+func (app *App) listOperations(c echo.Context) (operations.Filter, int, []operations.Row, []operations.Count, error) {
 	f, limit, err := app.operationsFilter(c)
 	if err != nil {
-		return err
+		return f, 0, nil, nil, err
 	}
 	ctx := c.Request().Context()
 	rows, err := operations.List(ctx, app.pool, f)
 	if err != nil {
-		return err
+		return f, 0, nil, nil, err
 	}
 	counts, err := operations.Counts(ctx, app.pool, f)
+	return f, limit, rows, counts, err
+}
+
+// handleListOperations: GET /api/v1/operations — every operation for an
+// admin, the caller's own for a customer; newest first, filtered,
+// paginated, with the counts per status.
+func (app *App) handleListOperations(c echo.Context) error {
+	_, limit, rows, counts, err := app.listOperations(c)
 	if err != nil {
 		return err
 	}
@@ -103,16 +111,7 @@ func (app *App) handleListOperations(c echo.Context) error {
 // counts, each a link to its filter, the filters as a form, each row a
 // link to its operation's page.
 func (app *App) handleOperationsPage(c echo.Context) error {
-	f, limit, err := app.operationsFilter(c)
-	if err != nil {
-		return err
-	}
-	ctx := c.Request().Context()
-	rows, err := operations.List(ctx, app.pool, f)
-	if err != nil {
-		return err
-	}
-	counts, err := operations.Counts(ctx, app.pool, f)
+	f, limit, rows, counts, err := app.listOperations(c)
 	if err != nil {
 		return err
 	}
