@@ -137,6 +137,12 @@ func (c *Cluster) SetSynchronous(on bool) error {
 	if on {
 		names = StandbyName
 	}
+	return c.setAndReload("synchronous_standby_names", names)
+}
+
+// setAndReload sets one server setting with ALTER SYSTEM and reloads the
+// configuration: the settings replication changes need no restart.
+func (c *Cluster) setAndReload(name, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, c.URL())
@@ -144,8 +150,8 @@ func (c *Cluster) SetSynchronous(on bool) error {
 		return fmt.Errorf("pgcluster: %w", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = `+quote(names)); err != nil {
-		return fmt.Errorf("pgcluster: set synchronous_standby_names: %w", err)
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET `+name+` = `+quote(value)); err != nil {
+		return fmt.Errorf("pgcluster: set %s: %w", name, err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		return fmt.Errorf("pgcluster: reload: %w", err)
@@ -167,21 +173,13 @@ func (c *Cluster) ResumeStreaming(primary *Cluster) error {
 }
 
 func (c *Cluster) setConnInfo(conninfo string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL())
-	if err != nil {
-		return fmt.Errorf("pgcluster: %w", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET primary_conninfo = `+quote(conninfo)); err != nil {
-		return fmt.Errorf("pgcluster: set primary_conninfo: %w", err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
-		return fmt.Errorf("pgcluster: reload: %w", err)
+	if err := c.setAndReload("primary_conninfo", conninfo); err != nil {
+		return err
 	}
 	// Paused: wait until the walreceiver is gone, so nothing more arrives.
 	return c.waitFor(func(conn *pgx.Conn) (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		var receiving bool
 		err := conn.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_wal_receiver`).Scan(&receiving)
 		return receiving == (conninfo != ""), err
