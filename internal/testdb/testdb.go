@@ -118,7 +118,7 @@ func createTemplate(ctx context.Context, admin string) (string, error) {
 		return "", fmt.Errorf("connect %s: %w", redact(admin), err)
 	}
 	defer conn.Close(ctx)
-	sweepLeftovers(ctx, conn)
+	sweepLeftovers(ctx, conn, namePrefix, processStart.Add(-time.Minute))
 	// pg_advisory_lock is per session: held until unlock or disconnect.
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(727001)`); err != nil {
 		return "", err
@@ -183,30 +183,49 @@ func migrationsHash() (string, error) {
 // before its cleanups ran (go test -timeout, a SIGKILL).
 var processStart = time.Now()
 
-// sweepLeftovers drops the test databases earlier runs left behind: created
-// before this process started (with a minute's margin for a clock step) and
-// with no session on them — another run's live databases always have their
-// test's pool connected. Best effort: a failure leaves them for the next run.
-func sweepLeftovers(ctx context.Context, conn *pgx.Conn) {
+// sweepLeftovers drops the test databases earlier runs left behind:
+// created before `before` (processStart less a minute's margin for a clock
+// step) and with no session on them — another run's live databases always
+// have their test's pool connected. Best effort: a failure leaves them for
+// the next run.
+//
+// Two namings after prefix (namePrefix; a test sweeps a prefix of its
+// own): <unix seconds>_<hex> says its age in its name; the older <12 hex>
+// (before the tiers) does not, so its age is its directory's PG_VERSION,
+// written when the database was created (pg_stat_file: a superuser's, as
+// the tests' role is; for any other role the query fails and those are
+// left alone).
+func sweepLeftovers(ctx context.Context, conn *pgx.Conn, prefix string, before time.Time) {
+	var leftovers []string
 	rows, err := conn.Query(ctx, `
 		SELECT d.datname
 		FROM pg_database d
-		WHERE d.datname LIKE $1 || '%'
-		  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, namePrefix)
-	if err != nil {
-		return
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return
-	}
-	for _, name := range names {
-		created, _, ok := strings.Cut(strings.TrimPrefix(name, namePrefix), "_")
-		unix, err := strconv.ParseInt(created, 10, 64)
-		if !ok || err != nil || !time.Unix(unix, 0).Before(processStart.Add(-time.Minute)) {
-			continue // not ours to judge: an older naming, or a live run's
+		WHERE starts_with(d.datname, $1)
+		  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, prefix)
+	if err == nil {
+		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, name := range names {
+			created, _, ok := strings.Cut(strings.TrimPrefix(name, prefix), "_")
+			unix, err := strconv.ParseInt(created, 10, 64)
+			if ok && err == nil && time.Unix(unix, 0).Before(before) {
+				leftovers = append(leftovers, name)
+			}
 		}
-		conn.Exec(ctx, fmt.Sprintf(`DROP DATABASE IF EXISTS %s WITH (FORCE)`, pgx.Identifier{name}.Sanitize()))
+	}
+	rows, err = conn.Query(ctx, `
+		SELECT d.datname
+		FROM pg_database d
+		WHERE d.datname ~ ('^' || $1 || '[0-9a-f]{12}$')
+		  -- missing_ok: a database in another tablespace has no base/ folder (NULL: kept)
+		  AND (pg_stat_file('base/' || d.oid || '/PG_VERSION', true)).modification < $2
+		  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, prefix, before)
+	if err == nil {
+		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		leftovers = append(leftovers, names...)
+	}
+	for _, name := range leftovers {
+		// Without FORCE: a session that arrived since the query keeps it.
+		conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize())
 	}
 }
 
