@@ -51,7 +51,7 @@ func (app *App) handleResumeAPI(c echo.Context) error {
 			p.Instance = c.Request().URL.Path
 			return problemResponse(p.With("operation_id", op.ID).With("operation_url", operationURL(op.ID)))
 		}
-		return cancelAnswer(op)
+		return cancelAnswer(c, op)
 	})
 }
 

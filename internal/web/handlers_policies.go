@@ -77,7 +77,7 @@ func (app *App) handleCancelPolicy(c echo.Context) error {
 		if refusal != nil {
 			return problemAnswer(c, refusal)
 		}
-		return cancelAnswer(customerOperation(op)) // the caller is the customer (redact.go)
+		return cancelAnswer(c, op)
 	})
 }
 
@@ -120,8 +120,10 @@ func (app *App) cancelPolicy(c echo.Context, reason string, answer answerer[work
 	})
 }
 
-// cancelAnswer is the API's answer for an operation as committed.
-func cancelAnswer(op workflow.Operation) (idempotency.Response, error) {
+// cancelAnswer is the API's answer for an operation as committed, as its
+// caller may read it (operationFor, redact.go).
+func cancelAnswer(c echo.Context, op workflow.Operation) (idempotency.Response, error) {
+	op = operationFor(c, op)
 	switch op.Status {
 	case workflow.StatusSucceeded:
 		return idempotency.JSONResponse(http.StatusOK, op)

@@ -58,7 +58,7 @@ func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnaps
 			live[i].Operation = customerOperation(live[i].Operation)
 		}
 		for i := range recent {
-			recent[i].Detail = redactAddresses(recent[i].Detail)
+			recent[i].Detail = customerText(recent[i].Detail)
 		}
 	}
 	cfg := app.recovery.Settings()

@@ -167,10 +167,13 @@ func (app *App) handleBookSlot(c echo.Context) error {
 }
 
 // bookingAnswer is the API's answer with a booking: done (status), still
-// waiting for the payments service (202), or its deposit saga failed.
+// waiting for the payments service (202), or its deposit saga failed. Its
+// operation is as the caller may read it (operationFor, redact.go).
 func bookingAnswer(c echo.Context, b slots.Booking, done int) (idempotency.Response, error) {
 	status := done
 	if b.Operation != nil {
+		op := operationFor(c, *b.Operation)
+		b.Operation = &op
 		switch b.Operation.Status {
 		case workflow.StatusFailed:
 			refusal := slots.ErrDepositDeclined

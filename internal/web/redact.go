@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"regexp"
 
+	"github.com/labstack/echo/v4"
+
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -49,9 +51,23 @@ var depositRefundSummaries = map[string]string{
 	workflow.StatusNeedsReconciliation: "The refund could not be confirmed; a person is checking it. The booking stands meanwhile.",
 }
 
+// operationFor is op as the caller of c may read it: the one rule for every
+// answer that carries an operation — a cancellation's, a deposit booking's
+// or its cancellation's, stored with the key and replayed, or read. It is
+// applied before an answer is stored, so a replay is the redacted bytes
+// too. An admin reads every text as recorded (docs/api.md); anyone else
+// reads customerOperation.
+func operationFor(c echo.Context, op workflow.Operation) workflow.Operation {
+	if u, _ := userFrom(c); u.IsAdmin() {
+		return op
+	}
+	return customerOperation(op)
+}
+
 // customerOperation is op as its customer sees it: the summary for its
-// status instead of last_error, addresses out of its steps' answers, and
-// no owner token (the fence is the operators' business, not a customer's).
+// status instead of last_error, its steps' answers without the error texts
+// recorded for operators (customerAnswer), and no owner token (the fence is
+// the operators' business, not a customer's).
 func customerOperation(op workflow.Operation) workflow.Operation {
 	op.OwnerToken = nil
 	if op.LastError != nil {
@@ -74,43 +90,72 @@ func customerOperation(op workflow.Operation) workflow.Operation {
 	}
 	steps := make([]workflow.StepRecord, len(op.Steps))
 	for i, st := range op.Steps {
-		st.Answer = redactJSON(st.Answer)
+		st.Answer = customerAnswer(st)
 		steps[i] = st
 	}
 	op.Steps = steps
 	return op
 }
 
-// customerCalls is the log of calls with addresses taken out.
+// customerCalls is the log of calls without owner tokens or error texts: a
+// status query that failed says only that the system did not answer it.
 func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
 	out := make([]workflow.CallRecord, len(calls))
 	for i, c := range calls {
-		c.Detail = redactAddresses(c.Detail)
+		c.Detail = customerText(c.Detail)
+		if c.Kind == "status" && c.Truth == nil && c.Detail != "" {
+			c.Detail = "the " + c.System + " did not answer the status query"
+		}
 		c.OwnerToken = nil
 		out[i] = c
 	}
 	return out
 }
 
-// redactJSON takes addresses out of the strings of a JSON document.
-func redactJSON(raw json.RawMessage) json.RawMessage {
-	if len(raw) == 0 {
-		return raw
+// customerAnswer is what a customer reads of a step's answer: what it came
+// to (outcome, truth), the other system's reason for a refusal and why a
+// step was skipped or given up — not the transport's error text, which
+// becomes "no usable answer".
+func customerAnswer(st workflow.StepRecord) json.RawMessage {
+	if len(st.Answer) == 0 {
+		return st.Answer
 	}
 	var v map[string]any
-	if json.Unmarshal(raw, &v) != nil {
-		return raw
+	if json.Unmarshal(st.Answer, &v) != nil {
+		return nil // not an answer this code wrote: nothing of it
 	}
-	for k, x := range v {
-		if s, ok := x.(string); ok {
-			v[k] = redactAddresses(s)
+	out := map[string]any{}
+	for _, k := range []string{"outcome", "truth", "reason", "skipped", "abandoned"} {
+		if x, ok := v[k]; ok {
+			if s, ok := x.(string); ok {
+				x = customerText(s)
+			}
+			out[k] = x
 		}
 	}
-	b, err := json.Marshal(v)
+	if _, ok := v["error"]; ok {
+		system := "the other system"
+		if st.System != nil {
+			system = *st.System
+		}
+		out["error"] = "no usable answer from " + system
+	}
+	b, err := json.Marshal(out)
 	if err != nil {
-		return raw
+		return nil
 	}
 	return b
+}
+
+// errorTexts are where the workflow's free text quotes an error as
+// recorded (workflow.describeOutcome, the recovery's "could not be asked"):
+// the words before it stay, the quoted text goes.
+var errorTexts = regexp.MustCompile(`(no usable answer from [a-z_]+): [^\n]*|(could not be asked) \([^\n]*\)|(its deadline had passed) \([^\n]*\)`)
+
+// customerText is free text as a customer reads it: without the error
+// texts it quotes and without addresses.
+func customerText(s string) string {
+	return redactAddresses(errorTexts.ReplaceAllString(s, "$1$2$3"))
 }
 
 // addresses are what must not reach a customer in free text: URLs and
@@ -127,7 +172,7 @@ func redactAddresses(s string) string {
 func customerTimeline(events []workflow.Event) []workflow.Event {
 	out := make([]workflow.Event, len(events))
 	for i, e := range events {
-		e.Detail = redactAddresses(e.Detail)
+		e.Detail = customerText(e.Detail)
 		e.OwnerToken = nil
 		out[i] = e
 	}
