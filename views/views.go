@@ -39,6 +39,10 @@ type Page struct {
 	// Broken, for an admin, is what /api/v1/invariants reports violated
 	// (a recent check, cached): a red banner on every page while it is not empty.
 	Broken []string
+	// BrokerAway, for an admin, says that the events' broker does not
+	// answer and that the outbox keeps every event (an amber banner; ""
+	// while it answers).
+	BrokerAway string
 }
 
 // User is the signed-in user as the layout shows it.

@@ -162,12 +162,19 @@ type eventsRuntime struct {
 	metrics  *events.Metrics
 	injector *events.Injector
 	instance string
+	// broker is what the relay knows of its broker (NATS): away or
+	// answering, for the admin pages; nil for the other transports.
+	broker *events.BrokerState
 }
 
 func newEventsRuntime(cfg eventsConfig, pool, listen *pgxpool.Pool, instance string, sw *crash.Switch,
 	metrics *events.Metrics, logger *slog.Logger) *eventsRuntime {
-	return &eventsRuntime{cfg: cfg, pool: pool, listen: listen, logger: logger, crash: sw, metrics: metrics,
+	er := &eventsRuntime{cfg: cfg, pool: pool, listen: listen, logger: logger, crash: sw, metrics: metrics,
 		injector: events.NewInjector(pool), instance: instance}
+	if cfg.Transport == events.TransportNATS && cfg.Workers { // where this process runs the relay
+		er.broker = events.NewBrokerState("NATS", cfg.NATSURL)
+	}
+	return er
 }
 
 func (er *eventsRuntime) handlers() []*events.Handler {
@@ -279,8 +286,12 @@ func (er *eventsRuntime) runRiver(ctx context.Context) {
 
 func (er *eventsRuntime) runNATS(ctx context.Context) {
 	nc, err := nats.Connect(er.cfg.NATSURL, nats.Name("idemlab "+er.instance),
-		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+		// what the admin pages say of the broker (events.BrokerState)
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { er.broker.Away(err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { er.broker.Answering() }))
 	if err != nil {
+		er.broker.Away(err)
 		er.logger.Error("events: NATS", "url", er.cfg.NATSURL, "err", err)
 		return
 	}
@@ -290,12 +301,14 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 		js, err = events.NewNATS(ctx, nc, events.NATSConfig{Stream: er.cfg.Stream, Subject: er.cfg.Subject,
 			DuplicateWindow: er.cfg.DuplicateWindow, AckWait: er.cfg.AckWait, Replicas: er.cfg.Replicas})
 		if err != nil {
+			er.broker.Away(err)
 			er.logger.Warn("events: NATS stream not ready; the outbox keeps the events meanwhile", "err", err)
 			if !sleepCtx(ctx, 2*time.Second) {
 				return
 			}
 		}
 	}
+	er.broker.Answering()
 	relay, err := er.relay(js)
 	if err != nil {
 		er.logger.Error("events: relay", "err", err)

@@ -180,6 +180,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		PaymentsControl: ext.paymentsControl,
 		Events:          events.NewStore(pool),
 		Injector:        eventsRun.injector,
+		Broker:          eventsRun.broker,
 		TasksPush:       tasksPush,
 		Labs:            labRuns,
 		WebhookSecret:   hookSecret,

@@ -21,7 +21,7 @@ import (
 var eventChecks = []struct {
 	detail string
 	sql    string
-	stale  bool // an "after heal" check: needs Options.StaleAfter
+	stale  bool // an "after heal" check: needs Options.StaleAfter: events not delivered yet (Violation.Undelivered)
 }{
 	{"an event that produced more than one mailbox message (notifications applied it twice)", `
 		SELECT event_id::text
@@ -95,7 +95,7 @@ func checkEvents(ctx context.Context, db database.DBTX, opts Options, r *Report)
 		}
 		if len(keys) > 0 {
 			r.OK = false
-			r.Violations = append(r.Violations, Violation{Invariant: 9, Detail: c.detail, IDs: []int64{}, Keys: keys})
+			r.Violations = append(r.Violations, Violation{Invariant: 9, Detail: c.detail, IDs: []int64{}, Keys: keys, Undelivered: c.stale})
 		}
 	}
 	return nil

@@ -21,7 +21,7 @@ const brokenCacheFor = 5 * time.Second
 type brokenInvariants struct {
 	mu      sync.Mutex // held during a check: one runs at a time, the others wait for it
 	checked time.Time
-	broken  []string
+	broken  []invariants.Violation
 }
 
 // staleAfter is invariant 6's default bound, shared by GET /api/v1/invariants
@@ -31,7 +31,21 @@ func (app *App) staleAfter() time.Duration { return 2*app.cfg.OperationLease + t
 // brokenNow returns what is broken, in words, from a check at most
 // brokenCacheFor old. A check that fails (the database is away) keeps the
 // last answer: the banner is a warning, never a reason for a page to fail.
+// Events not delivered yet are not called broken while this process's
+// broker does not answer: brokerAway says that instead.
 func (app *App) brokenNow(ctx context.Context) []string {
+	away := app.broker.Status().Away
+	var lines []string
+	for _, v := range app.violationsNow(ctx) {
+		if v.Undelivered && away {
+			continue // the outbox keeps them until the broker answers (brokerAway)
+		}
+		lines = append(lines, describeViolation(v))
+	}
+	return lines
+}
+
+func (app *App) violationsNow(ctx context.Context) []invariants.Violation {
 	b := &app.broken
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -46,11 +60,26 @@ func (app *App) brokenNow(ctx context.Context) []string {
 		logFrom(ctx).Warn("invariants banner: check failed", "err", err)
 		return b.broken
 	}
-	b.broken = nil
-	for _, v := range r.Violations {
-		b.broken = append(b.broken, describeViolation(v))
-	}
+	b.broken = r.Violations
 	return b.broken
+}
+
+// brokerGrace is how long a broker may be away before the pages say so: a
+// process that has just started reaches it within it.
+const brokerGrace = 5 * time.Second
+
+// brokerAway says, while this process's broker does not answer, what that
+// means: the cause, and that the outbox keeps every event ("" while it
+// answers).
+func (app *App) brokerAway() string {
+	st := app.broker.Status()
+	if !st.Away || time.Since(st.Since) < brokerGrace {
+		return ""
+	}
+	return fmt.Sprintf("%s does not answer at %s (since %s: %s). The outbox keeps every event: none is lost, "+
+		"and the relay sends each one once %s answers. Until then customers' mailboxes and the ledger wait, "+
+		"and events not delivered are not a broken invariant.",
+		st.Name, st.Addr, st.Since.UTC().Format("15:04:05 MST"), st.Why, st.Name)
 }
 
 // forget drops the cached check, so the next page checks again (after a

@@ -212,7 +212,7 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	}
 	v := views.EventsView{
 		Admin: u.IsAdmin(), Instance: app.cfg.InstanceID, Transport: o.Transport, Guarantee: guarantees[o.Transport],
-		Broker:  app.cfg.EventsBroker,
+		Broker: app.cfg.EventsBroker, BrokerAway: app.brokerAway(),
 		Pending: o.Pending, Sent: o.Sent, Dead: o.Dead, BrokerDups: o.BrokerDuplicates,
 		ConsumerNames: events.Consumers, ReplayKey: newFormKey, Transports: app.transportRows(o),
 	}
@@ -257,7 +257,13 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	for _, m := range mail {
 		v.Mailbox = append(v.Mailbox, views.MailLine{At: m.CreatedAt.Format(timeOfDay), Subject: m.Subject, Body: m.Body, EventID: m.EventID.String()})
 	}
-	return render(c, http.StatusOK, views.EventsPage(app.page(c, "Events", "events"), v))
+	if v.BrokerAway != "" && !v.Admin {
+		// a customer reads the cause without the broker's address (redact.go)
+		v.BrokerAway = "The events' broker does not answer just now. The outbox keeps every event: none is lost, and your mailbox fills once it answers."
+	}
+	p := app.page(c, "Events", "events")
+	p.BrokerAway = "" // said on this page, beside the unsent count
+	return render(c, http.StatusOK, views.EventsPage(p, v))
 }
 
 const timeOfDay = "15:04:05.000"

@@ -47,6 +47,7 @@ func (app *App) page(c echo.Context, title, nav string) views.Page {
 	if u.IsAdmin() {
 		p.Waiting, _ = app.desk.CountWaiting(c.Request().Context()) // the badge; 0 if the count fails
 		p.Broken = app.brokenNow(c.Request().Context())
+		p.BrokerAway = app.brokerAway()
 	}
 	return p
 }

@@ -100,6 +100,10 @@ type Deps struct {
 	// the redelivery injector (internal/events).
 	Events   *events.Store
 	Injector *events.Injector
+	// Broker is what this process's relay knows of its broker (away or
+	// answering); nil: no broker of its own here (another transport, or
+	// the relay runs in another process).
+	Broker *events.BrokerState
 	// TasksPush is the Cloud Tasks transport's push handler (events.PushPath);
 	// nil serves no push route.
 	TasksPush http.Handler
@@ -152,6 +156,7 @@ type App struct {
 
 	events    *events.Store
 	injector  *events.Injector
+	broker    *events.BrokerState
 	tasksPush http.Handler
 
 	// broken caches the invariants check behind the admin pages' banner.
@@ -200,7 +205,7 @@ func New(cfg Config, d Deps) *App {
 		crash:       d.Crash,
 		recovery:    d.Recovery,
 	}
-	app.events, app.injector, app.tasksPush = d.Events, d.Injector, d.TasksPush
+	app.events, app.injector, app.tasksPush, app.broker = d.Events, d.Injector, d.TasksPush, d.Broker
 	app.webhookSecret, app.callbacks = d.WebhookSecret, newCallbackCounter(d.Registry)
 	app.handler = app.routes()
 	return app
