@@ -100,7 +100,7 @@ func DoubleClickResult(r LabResult) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "<div data-testid=\"lab-result\"><table><thead><tr><th>click</th><th>key</th><th>answer</th><th>took</th></tr></thead> <tbody>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "<div data-testid=\"lab-result\" class=\"table-scroll\"><table class=\"lab-clicks\"><thead><tr><th>click</th><th>key</th><th>answer</th><th>took</th></tr></thead> <tbody>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -113,7 +113,9 @@ func TestBrowserDoubleClickLab(t *testing.T) {
 		if strings.Contains(result, "Idempotent-Replayed") != tc.replayed {
 			t.Errorf("%s: replayed shown %v in %q", tc.button, !tc.replayed, result)
 		}
-		browsertest.Screenshot(ctx, t, tc.button)
+		// its result fits a phone (issue 29, finding 20)
+		shoot(t, ctx, tc.button)
+		chromedp.Run(ctx, chromedp.EmulateViewport(1280, 900))
 	}
 	s.assertInvariants(t)
 }
