@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -131,6 +132,29 @@ func TestLabsAreRateLimitedPerUser(t *testing.T) {
 		t.Fatalf("five races in a row: %v, want 4 run and the fifth refused (RATE_LIMIT_LABS=4/m)", counts)
 	}
 	assertRateLimited(t, "the fifth race", limited, "labs")
+	// The browser's 429 is not a dead end (issue 29, finding 22): it says
+	// when to try again and leads back to the page the form was on; an htmx
+	// request gets the same words alone, for the panel it swaps.
+	form := url.Values{"_csrf": {csrf}, "slot": {"fresh"}, "racers": {"2"}, "strategy": {"conditional-update"}, "think_ms": {"0"}}
+	for _, htmx := range []bool{false, true} {
+		h := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "Referer": s.URL + "/labs/race"}
+		if htmx {
+			h["HX-Request"] = "true"
+		}
+		r := doWith(t, client, s.URL, request{Method: "POST", Path: "/labs/race", Body: form.Encode(), Header: h})
+		assertRateLimited(t, "a race page refused", r, "labs")
+		body := string(r.Body)
+		secs := r.Header.Get("Retry-After")
+		for _, want := range []string{`data-testid="rate-limited"`, "Try again in <strong>" + secs + " s</strong>, at ", " UTC",
+			`href="/labs/race" data-testid="rate-limited-back"`, `href="/labs"`} {
+			if !strings.Contains(body, want) {
+				t.Errorf("htmx %v: the 429 page does not say %q:\n%s", htmx, want, body)
+			}
+		}
+		if strings.Contains(body, "<html") == htmx {
+			t.Errorf("htmx %v: a whole page %v", htmx, !htmx)
+		}
+	}
 }
 
 func TestBadRateLimitSettingsStopTheStart(t *testing.T) {

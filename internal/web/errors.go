@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -280,7 +282,33 @@ func (app *App) handleError(err error, c echo.Context) {
 	}
 	c.Response().Status = p.Status
 	app.sessionForErrorPage(c)
+	if p.Type == "rate-limited" {
+		v := rateLimitedView(c, p)
+		if c.Request().Header.Get("HX-Request") == "true" {
+			render(c, p.Status, views.RateLimited(v)) // into the panel the form targets
+			return
+		}
+		render(c, p.Status, views.RateLimitedPage(app.page(c, "Too many for now", ""), v))
+		return
+	}
 	render(c, p.Status, views.ErrorPage(app.page(c, http.StatusText(p.Status), ""), p.Status, detail))
+}
+
+// rateLimitedView says when to try again (Retry-After, set with the
+// refusal) and leads back where the reader came from: the page that sent
+// the form when it is this site's, else the labs or the start.
+func rateLimitedView(c echo.Context, p *problem.Problem) views.RateLimitedView {
+	secs, _ := strconv.Atoi(c.Response().Header().Get("Retry-After"))
+	limit, _ := p.Extra["limit"].(string)
+	v := views.RateLimitedView{Seconds: secs, At: time.Now().Add(time.Duration(secs) * time.Second).UTC().Format("15:04:05 MST"),
+		Limit: limit, Detail: p.Detail, Back: "/", BackName: "the start"}
+	if limit == "labs" {
+		v.Back, v.BackName = "/labs", "the labs"
+	}
+	if ref, err := url.Parse(c.Request().Referer()); err == nil && ref.Host == c.Request().Host && strings.HasPrefix(ref.Path, "/") {
+		v.Back, v.BackName = ref.Path, "the page you came from"
+	}
+	return v
 }
 
 // statusClientLeft is logged for a request whose client closed the
