@@ -18,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -187,6 +188,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		Released: releasedText(deref(v.Released)), Finished: timeText(v.FinishedAt),
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
+	vm.RunAgain = runAgain(v.Type)
 	vm.LastError, vm.LastErrorLabel = lastErrorShown(v.Operation)
 	vm.Identities = app.identities(ctx, v, subject)
 	current := ""
@@ -245,17 +247,40 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 	return vm, nil
 }
 
+// runAgain says, per kind of operation, what starts a new run.
+func runAgain(operationType string) string {
+	switch operationType {
+	case slots.OperationBookDeposit:
+		return "a deposit booking has one run: when its deposit is refused the hold is released, and booking again is a new booking"
+	case slots.OperationCancelDeposit:
+		return "a booking's cancellation asked for again after its refund was refused starts a new run, with new step keys"
+	}
+	return "a cancellation asked for again after it failed starts a new run, with new step keys"
+}
+
 // operationHeadline says what op's status means right now, for the line
 // under the title: for a live operation, whether recovery may take it and
 // when (countdown: seconds from now, nil when no countdown applies).
 func operationHeadline(op workflow.Operation, now time.Time) (headline, countdownText string, countdown *int) {
 	switch op.Status {
 	case workflow.StatusSucceeded:
+		switch op.Type {
+		case slots.OperationBookDeposit:
+			return "Finished: every step is done — the deposit is charged and the slot is booked.", "", nil
+		case slots.OperationCancelDeposit:
+			return "Finished: every step is done — the deposit is refunded and the slot is free again.", "", nil
+		}
 		if op.PolicyID != 0 {
 			return "Finished: every step is done — the policy is cancelled.", "", nil
 		}
 		return "Finished: every step is done.", "", nil
 	case workflow.StatusFailed:
+		switch op.Type {
+		case slots.OperationBookDeposit:
+			return "Finished without booking: the deposit was not charged, and the hold on the slot was released — nothing was left half done.", "", nil
+		case slots.OperationCancelDeposit:
+			return "Finished without cancelling the booking: the refund was refused, so the booking stands — nothing was left half done.", "", nil
+		}
 		return "Finished without cancelling: it was refused, and nothing was left half done.", "", nil
 	case workflow.StatusNeedsReconciliation:
 		for _, st := range op.Steps {
