@@ -71,10 +71,13 @@ func shortKey(k string) string {
 	return k
 }
 
-// plural says "1 event", "3 events".
+// plural says "1 event", "3 events", "4 identities".
 func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
+	}
+	if stem, ok := strings.CutSuffix(noun, "y"); ok && stem != "" && !strings.ContainsAny(stem[len(stem)-1:], "aeiou") {
+		return strconv.Itoa(n) + " " + stem + "ies"
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
 }

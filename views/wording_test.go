@@ -119,3 +119,16 @@ func TestEveryDocMentionIsALink(t *testing.T) {
 		}
 	}
 }
+
+// Counts read as words (issue 29, finding 25: "1 effects", "three
+// identities" above four).
+func TestPluralReads(t *testing.T) {
+	for n, want := range map[int]string{1: "1 identity", 4: "4 identities"} {
+		if got := plural(n, "identity"); got != want {
+			t.Errorf("plural(%d, identity) = %q", n, got)
+		}
+	}
+	if got := plural(2, "day"); got != "2 days" {
+		t.Errorf("plural(2, day) = %q", got)
+	}
+}

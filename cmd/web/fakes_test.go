@@ -412,6 +412,17 @@ func TestBrowserPaymentsPage(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("screenshot: %s", p)
+		// The script form keeps every field wide enough to read its label
+		// and its value (issue 29, finding 25: it cut them short).
+		var narrow []string
+		if err := browsertest.Run(ctx, chromedp.Evaluate(`Array.from(document.querySelectorAll('[data-testid="script-form"] label'))
+			.filter(l => l.getBoundingClientRect().width < 96 || !l.querySelector('small') || l.querySelector('small').scrollWidth > l.querySelector('small').clientWidth)
+			.map(l => l.textContent.trim())`, &narrow)); err != nil {
+			t.Fatal(err)
+		}
+		if len(narrow) > 0 {
+			t.Errorf("at %d px the script form cuts these fields short: %q", width, narrow)
+		}
 	}
 	err = browsertest.Run(ctx, chromedp.Navigate(s.URL+"/provider"), chromedp.WaitVisible(`[data-testid="modes-table"]`, chromedp.ByQuery))
 	if err != nil {

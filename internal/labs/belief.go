@@ -149,7 +149,7 @@ func (e *env) recoverByBelief(ctx context.Context, sys *fakeSystem, variant stri
 	if effects > 1 {
 		t.wrong("system", "the policy was cancelled %d times", effects)
 	}
-	v.Verdict = fmt.Sprintf("%d effect(s); %d handed to a person", effects, v.Counts["refused"])
+	v.Verdict = fmt.Sprintf("%s; %d handed to a person", plural(effects, "effect"), v.Counts["refused"])
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -136,7 +136,7 @@ func (e *env) callbacks(ctx context.Context, variant string, handle callbackHand
 		v.Counts["backwards"] = 1
 		t.wrong("result", "the step ends %s after it was DONE: recovery will ask again, and a person may be told it never finished", state)
 	}
-	v.Verdict = fmt.Sprintf("%d refund(s), the step ends %s", effects, state)
+	v.Verdict = fmt.Sprintf("%s, the step ends %s", plural(effects, "refund"), state)
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -141,7 +141,7 @@ func (e *env) fencing(ctx context.Context, variant string, complete completeFunc
 		return v, err
 	}
 	v.Counts["duplicates"] = max(0, v.Counts["effects"]-1)
-	v.Verdict = fmt.Sprintf("%d effects; the stored answer is %s", v.Counts["effects"], rec.Response.Body)
+	v.Verdict = plural(v.Counts["effects"], "effect") + "; the stored answer is " + string(rec.Response.Body)
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -193,3 +193,12 @@ func (l *Lab) held(v Variant) bool {
 	}
 	return true
 }
+
+// plural says "1 effect", "2 effects": a verdict counts in words a reader
+// does not have to correct.
+func plural[N int | int64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprint(n) + " " + noun + "s"
+}

@@ -526,7 +526,7 @@ func (c *cancellation) tally(ctx context.Context, v Variant, lastAnswer string) 
 	if v.Counts["duplicates"] > 0 {
 		c.t.wrong("provider", "cancelled the policy %d times", effects)
 	}
-	v.Verdict = fmt.Sprintf("%d provider effects; the retry heard %q", effects, lastAnswer)
+	v.Verdict = fmt.Sprintf("%s; the retry heard %q", plural(effects, "provider effect"), lastAnswer)
 	v.Timeline = c.t.list()
 	return v, nil
 }

@@ -218,7 +218,7 @@ func (e *env) tallyStatus(ctx context.Context, t *timeline, v Variant, subject i
 	v.Counts["effects"] = effects
 	v.Counts["duplicates"] = max(0, effects-1)
 	v.Counts["refused"] = late
-	v.Verdict = fmt.Sprintf("the policy was cancelled %d time(s)", effects)
+	v.Verdict = "the policy was cancelled " + plural(effects, "time")
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -268,8 +268,16 @@ func (app *App) handleEventsPage(c echo.Context) error {
 
 const timeOfDay = "15:04:05.000"
 
+// shortEventID is the part of an event id that tells events apart: its
+// tail. A UUIDv7 begins with its time in milliseconds, so the events of one
+// moment share their first eight characters.
+func shortEventID(id uuid.UUID) string {
+	s := id.String()
+	return "…" + s[len(s)-8:]
+}
+
 func eventLine(e events.EventRow, admin bool) views.EventLine {
-	l := views.EventLine{ID: e.ID.String(), ShortID: e.ID.String()[:8], Type: e.Type, Key: e.Key, Status: e.Status,
+	l := views.EventLine{ID: e.ID.String(), ShortID: shortEventID(e.ID), Type: e.Type, Key: e.Key, Status: e.Status,
 		Attempts: e.Attempts, Created: e.CreatedAt.Format(timeOfDay)}
 	if e.LastError != nil && admin { // an operator's error text, not a customer's
 		l.LastError = *e.LastError
@@ -284,9 +292,11 @@ func eventLine(e events.EventRow, admin bool) views.EventLine {
 		}
 		l.Publishes = append(l.Publishes, pl)
 	}
+	nth := map[string]int{} // deliveries so far, by consumer
 	for _, d := range e.Deliveries {
+		nth[d.Consumer]++
 		dl := views.DeliveryLine{At: d.At.Format(timeOfDay), Consumer: d.Consumer, Instance: d.Instance, Outcome: d.Outcome,
-			Attempt: d.Attempt}
+			Attempt: d.Attempt, Nth: nth[d.Consumer]}
 		if d.CaughtBy != nil {
 			dl.CaughtBy = *d.CaughtBy
 		}

@@ -1,0 +1,33 @@
+package web
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemlab/idemlab/internal/events"
+)
+
+// The Events page tells events and copies apart (issue 29, finding 25):
+// two UUIDv7 ids of one millisecond show different short ids, and a second
+// copy that the transport counts as attempt 1 again is not a second
+// "delivery 1".
+func TestEventLinesTellEventsAndCopiesApart(t *testing.T) {
+	a, b := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	if a.String()[:8] != b.String()[:8] {
+		t.Skip("the two ids were made in different milliseconds")
+	}
+	if shortEventID(a) == shortEventID(b) {
+		t.Errorf("two events, one short id: %s", shortEventID(a))
+	}
+	now := time.Now()
+	l := eventLine(events.EventRow{ID: a, CreatedAt: now, Deliveries: []events.DeliveryRow{
+		{At: now, Consumer: "ledger", Attempt: 1, Outcome: events.OutcomeApplied},
+		{At: now, Consumer: "notifications", Attempt: 1, Outcome: events.OutcomeApplied},
+		{At: now, Consumer: "ledger", Attempt: 1, Outcome: events.OutcomeDuplicate},
+	}}, true)
+	if got := [3]int{l.Deliveries[0].Nth, l.Deliveries[1].Nth, l.Deliveries[2].Nth}; got != [3]int{1, 1, 2} {
+		t.Errorf("deliveries numbered %v, want 1, 1, 2 (per consumer)", got)
+	}
+}
