@@ -533,3 +533,31 @@ func TestComposeTaskQueue(t *testing.T) {
 		}
 	}
 }
+
+// docs/deploy.md names every service of the compose file and every make
+// target with a help line (issue 29, finding 13: it listed three of seven
+// services and missed targets).
+func TestDeployDocNamesEveryServiceAndTarget(t *testing.T) {
+	doc, err := os.ReadFile("docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range loadCompose(t).Services {
+		if !strings.Contains(string(doc), "`"+name+"`") {
+			t.Errorf("docs/deploy.md does not name the compose service %q", name)
+		}
+	}
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mk), "\n") {
+		target, _, ok := strings.Cut(line, ": ## ")
+		if !ok || target == "help" {
+			continue
+		}
+		if !strings.Contains(string(doc), "`make "+target+"`") {
+			t.Errorf("docs/deploy.md does not name `make %s`", target)
+		}
+	}
+}

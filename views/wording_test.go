@@ -132,3 +132,22 @@ func TestPluralReads(t *testing.T) {
 		t.Errorf("plural(2, day) = %q", got)
 	}
 }
+
+// The Events page explains why "published" may come after "applied", and a
+// lab run's number says it counts across every lab (issue 29, finding 11).
+func TestEventsAndLabRunsExplainTheirOrderAndNumbers(t *testing.T) {
+	var out strings.Builder
+	if err := EventsPage(Page{}, EventsView{Admin: true, ReplayKey: func() string { return "k" }}).Render(t.Context(), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "after the broker&#39;s acknowledgement") && !strings.Contains(out.String(), "after the broker's acknowledgement") {
+		t.Errorf("the Events page does not say when published is written")
+	}
+	out.Reset()
+	if err := labRunResult(LabInfo{}, LabRunView{ID: 12}).Render(t.Context(), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "Run #12") || !strings.Contains(out.String(), "numbered across all labs") {
+		t.Errorf("a lab run's number does not say what it counts: %s", out.String())
+	}
+}
