@@ -71,6 +71,12 @@ type Injector struct {
 	// ends the wait at once; another replica's Arm is seen within idleFor).
 	mu        sync.Mutex
 	idleUntil time.Time
+	// woken counts wake calls: a take trusts the "nothing" it saw only if
+	// no arming committed while it looked (trustNothing).
+	woken uint64
+	// inArming, when set (tests only), runs inside Set's transaction after
+	// the new entry is written and before the commit.
+	inArming func()
 }
 
 const idleFor = 500 * time.Millisecond
@@ -113,7 +119,9 @@ func (in *Injector) Set(ctx context.Context, mode Mode, consumer string, n int) 
 			return fmt.Errorf("events: set injector: %w", err)
 		}
 		var err error
-		inj, err = in.arm(ctx, tx, mode, c, n)
+		if inj, err = in.arm(ctx, tx, mode, c, n); err == nil && in.inArming != nil {
+			in.inArming()
+		}
 		return err
 	})
 	if err == nil {
@@ -129,7 +137,20 @@ func (in *Injector) Set(ctx context.Context, mode Mode, consumer string, n int) 
 func (in *Injector) wake() {
 	in.mu.Lock()
 	in.idleUntil = time.Time{}
+	in.woken++
 	in.mu.Unlock()
+}
+
+// trustNothing makes this process trust "nothing armed" for idleFor — unless
+// an arming woke it since the look that saw nothing began (woken is no
+// longer seen): that look may have read the script before the arming's
+// commit, and trusting it would send the first deliveries out uninjected.
+func (in *Injector) trustNothing(seen uint64) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.woken == seen {
+		in.idleUntil = time.Now().Add(idleFor)
+	}
 }
 
 // validInjection checks an entry and returns its consumer as the column
@@ -209,7 +230,7 @@ func (in *Injector) take(ctx context.Context, consumer string, modes ...Mode) (M
 		return "", nil
 	}
 	in.mu.Lock()
-	idle := time.Now().Before(in.idleUntil)
+	idle, seen := time.Now().Before(in.idleUntil), in.woken
 	in.mu.Unlock()
 	if idle {
 		return "", nil
@@ -235,9 +256,7 @@ func (in *Injector) take(ctx context.Context, consumer string, modes ...Mode) (M
 			return "", fmt.Errorf("events: injector: %w", err)
 		}
 		if !armed {
-			in.mu.Lock()
-			in.idleUntil = time.Now().Add(idleFor)
-			in.mu.Unlock()
+			in.trustNothing(seen)
 		}
 		return "", nil
 	}
