@@ -261,6 +261,9 @@ func (f Facts) why() string {
 	used := "Recovery reached its limit of attempts"
 	if f.MaxAttempts > 0 {
 		used = fmt.Sprintf("Recovery reached its limit of %d attempts", f.MaxAttempts)
+		if f.MaxAttempts == 1 {
+			used = "Recovery reached its limit of 1 attempt"
+		}
 	}
 	switch f.Then {
 	case "":
