@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -35,8 +36,10 @@ type recoverySettings struct {
 }
 
 // recoverySnapshot is for everyone signed in; a customer reads it with
-// summaries in place of error texts (redact.go).
-func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnapshot, error) {
+// summaries in place of error texts (redact.go), and another customer's
+// operation without its reason and request key (theirs, not the loop's).
+func (app *App) recoverySnapshot(ctx context.Context, u users.User) (recoverySnapshot, error) {
+	admin := u.IsAdmin()
 	counts, err := readmodel.CountByStatus(ctx, app.pool)
 	if err != nil {
 		return recoverySnapshot{}, err
@@ -56,6 +59,9 @@ func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnaps
 	if !admin {
 		for i := range live {
 			live[i].Operation = customerOperation(live[i].Operation)
+			if live[i].UserID != u.ID {
+				live[i].Operation = othersOperation(live[i].Operation)
+			}
 		}
 		for i := range recent {
 			recent[i].Detail = customerText(recent[i].Detail)
@@ -77,7 +83,7 @@ func (app *App) recoverySnapshot(ctx context.Context, admin bool) (recoverySnaps
 // handleRecoveryAPI: GET /api/v1/recovery
 func (app *App) handleRecoveryAPI(c echo.Context) error {
 	u, _ := userFrom(c)
-	s, err := app.recoverySnapshot(c.Request().Context(), u.IsAdmin())
+	s, err := app.recoverySnapshot(c.Request().Context(), u)
 	if err != nil {
 		return err
 	}
@@ -104,7 +110,7 @@ func (app *App) handleRecoveryPanel(c echo.Context) error {
 
 func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	u, _ := userFrom(c)
-	s, err := app.recoverySnapshot(c.Request().Context(), u.IsAdmin())
+	s, err := app.recoverySnapshot(c.Request().Context(), u)
 	if err != nil {
 		return views.RecoveryView{}, err
 	}

@@ -97,6 +97,20 @@ func customerOperation(op workflow.Operation) workflow.Operation {
 	return op
 }
 
+// othersOperation is another customer's operation as a customer sees it on
+// the recovery page: recovery at work on it, without what that customer
+// wrote or sent — the reason, the request key, the steps' requests.
+func othersOperation(op workflow.Operation) workflow.Operation {
+	op.Reason, op.IdempotencyKey = "", ""
+	steps := make([]workflow.StepRecord, len(op.Steps))
+	for i, st := range op.Steps {
+		st.Request = nil
+		steps[i] = st
+	}
+	op.Steps = steps
+	return op
+}
+
 // customerCalls is the log of calls without owner tokens or error texts: a
 // status query that failed says only that the system did not answer it.
 func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
