@@ -179,7 +179,7 @@ func newEventsRuntime(cfg eventsConfig, pool, listen *pgxpool.Pool, instance str
 
 func (er *eventsRuntime) handlers() []*events.Handler {
 	var hs []*events.Handler
-	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
+	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}, events.History{}} {
 		hs = append(hs, events.NewHandler(er.pool, c, events.HandlerConfig{Transport: er.cfg.Transport,
 			Instance: er.instance, Crash: er.crash, Metrics: er.metrics, Logger: er.logger}))
 	}

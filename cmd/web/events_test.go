@@ -273,7 +273,7 @@ func TestEventsCrashPointsSIGKILLThenRestart(t *testing.T) {
 				} else {
 					db.Pool.QueryRow(ctx, `SELECT count(*) FROM event_deliveries WHERE event_id = $1 AND outcome = 'duplicate'`, id).Scan(&caught)
 				}
-				return inbox == 2 && caught >= 1
+				return inbox == len(events.Consumers) && caught >= 1
 			})
 			var mail, lines int
 			db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM mailbox WHERE event_id = $1), (SELECT count(*) FROM ledger_entries WHERE event_id = $1)`, id).Scan(&mail, &lines)

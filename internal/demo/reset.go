@@ -119,8 +119,9 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 		_, err := tx.Exec(ctx, `
 			TRUNCATE -- what the consumers made of the events, in the order a consumer writes it
 			         inbox, event_deliveries, mailbox, ledger_entries, ledger_days,
-			         -- the events of the data wiped
-			         outbox, event_publishes,
+			         histories, history_events, history_parked,
+			         -- the events of the data wiped, and their aggregates' counters (ids restart)
+			         outbox, outbox_sequences, event_publishes,
 			         -- the redelivery injector's script: a reset leaves every test double at its default
 			         event_injections,
 			         sessions, audit_entries, reconciliation_decisions, webhook_inbox, operation_calls, operation_steps, operation_events, operations,

@@ -79,11 +79,11 @@ func drain(b *testing.B, transport string, n int) {
 		if err := bd.db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&applied); err != nil {
 			b.Fatal(err)
 		}
-		if applied == 2*n {
+		if applied == len(events.Consumers)*n {
 			break
 		}
 		if time.Since(start) > 5*time.Minute {
-			b.Fatalf("after 5 minutes %d of %d pairs applied", applied, 2*n)
+			b.Fatalf("after 5 minutes %d of %d pairs applied", applied, len(events.Consumers)*n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -157,11 +157,11 @@ func lagAtRate(b *testing.B, transport string, rate, secs int) {
 	for {
 		var applied int
 		bd.db.Pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&applied)
-		if applied == 2*n {
+		if applied == len(events.Consumers)*n {
 			break
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("a minute after the last write: %d of %d applied", applied, 2*n)
+			b.Fatalf("a minute after the last write: %d of %d applied", applied, len(events.Consumers)*n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

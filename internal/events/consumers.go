@@ -11,10 +11,13 @@ const (
 	// ConsumerLedger keeps the per-day projection of cancellations,
 	// refunds and bookings.
 	ConsumerLedger = "ledger"
+	// ConsumerHistory keeps each aggregate's history, applied in the
+	// order its events happened (Message.Seq), whatever order they come in.
+	ConsumerHistory = "history"
 )
 
 // Consumers lists every consumer an event is delivered to.
-var Consumers = []string{ConsumerNotifications, ConsumerLedger}
+var Consumers = []string{ConsumerNotifications, ConsumerLedger, ConsumerHistory}
 
 // ErrUnknownConsumer names a consumer that does not exist.
 var ErrUnknownConsumer = errors.New("events: unknown consumer")

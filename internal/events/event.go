@@ -71,6 +71,10 @@ type Message struct {
 	Key       string          `json:"key"`
 	Payload   json.RawMessage `json:"payload"`
 	CreatedAt time.Time       `json:"created_at"`
+	// Seq is the event's place in its aggregate's history (Key): 1 for
+	// the aggregate's first event, 2 for its second, assigned in the
+	// writer's transaction (Write). 0: written before events had one.
+	Seq int64 `json:"seq,omitempty"`
 }
 
 // PolicyCancelled is the payload of policy.cancelled, written in the
@@ -157,16 +161,26 @@ var (
 )
 
 const sqlWrite = `
-WITH written AS (
-    INSERT INTO outbox (id, type, key, payload, transport, status, sent_at)
+WITH place AS (
+    -- the aggregate's next place: the row lock is held to the writer's
+    -- commit, so one aggregate's writers take turns and a rollback hands the
+    -- place back (migration 00143 says why not max(seq) + 1 or a sequence)
+    INSERT INTO outbox_sequences AS s (key, last_seq)
+    VALUES ($3, 1)
+        ON CONFLICT (key) DO UPDATE
+       SET last_seq = s.last_seq + 1
+    RETURNING last_seq
+), written AS (
+    INSERT INTO outbox (id, type, key, payload, transport, status, sent_at, seq)
     SELECT $1, $2, $3, $4, c.transport,
            -- River's job commits with this row: nothing is left to relay
            CASE WHEN c.transport = 'river' THEN 'SENT' ELSE 'PENDING' END,
-           CASE WHEN c.transport = 'river' THEN clock_timestamp() END
-      FROM events_config c
-    RETURNING transport, created_at
+           CASE WHEN c.transport = 'river' THEN clock_timestamp() END,
+           place.last_seq
+      FROM events_config c, place
+    RETURNING transport, created_at, seq
 )
-SELECT transport, created_at,
+SELECT transport, created_at, seq,
        -- wakes the listening relays when the writer commits, if $5 says it
        -- is this writer's turn (see wakeRelays); polling is the guarantee
        CASE WHEN $5 AND transport <> 'river' THEN pg_notify('idemlab_outbox', transport) END
@@ -200,6 +214,9 @@ var lastWake sync.Map
 // transaction — and returns its id. The event exists exactly when the
 // change it describes commits. With the River transport it also inserts
 // one River job per consumer in tx (the outbox is then the queue itself).
+// The event takes the next place in its aggregate's history (Message.Seq):
+// the writer's transaction holds the aggregate's counter row until it
+// commits, so a second writer of the same aggregate waits for it.
 // Errors: ErrInvalidEvent; a duplicate id is a unique violation (the
 // producer wrote this event already), returned wrapped.
 func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
@@ -218,7 +235,7 @@ func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
 	}
 	var transport string
 	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload}
-	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, nil); err != nil {
+	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, &m.Seq, nil); err != nil {
 		return uuid.Nil, fmt.Errorf("events: write %s %s: %w", e.Type, e.Key, err)
 	}
 	if transport == TransportRiver {

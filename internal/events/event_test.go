@@ -89,8 +89,8 @@ func TestWriteWithRiverInsertsOneJobPerConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(queues) != 2 || queues[0] != "events_ledger" || queues[1] != "events_notifications" {
-		t.Errorf("river jobs in queues %v, want one in events_ledger and one in events_notifications", queues)
+	if len(queues) != 3 || queues[0] != "events_history" || queues[1] != "events_ledger" || queues[2] != "events_notifications" {
+		t.Errorf("river jobs in queues %v, want one in each of events_history, events_ledger and events_notifications", queues)
 	}
 }
 

@@ -131,7 +131,7 @@ func (b *bundle) startConsumers(t testing.TB, instances int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
+	for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}, events.History{}} {
 		for i := range instances {
 			h := events.NewHandler(b.db.Pool, c, events.HandlerConfig{
 				Transport: b.transport, Instance: fmt.Sprintf("instance-%d", i+1)})
@@ -168,7 +168,7 @@ func (b *bundle) effects(t testing.TB, id uuid.UUID) effects {
 	return e
 }
 
-// waitApplied waits until both consumers applied every id, and fails the
+// waitApplied waits until every consumer applied every id, and fails the
 // test if any event was applied more than once by a consumer.
 func (b *bundle) waitApplied(t testing.TB, ids []uuid.UUID, within time.Duration) {
 	t.Helper()
@@ -180,11 +180,11 @@ func (b *bundle) waitApplied(t testing.TB, ids []uuid.UUID, within time.Duration
 		if err != nil {
 			t.Fatal(err)
 		}
-		if applied == 2*len(ids) {
+		if applied == len(events.Consumers)*len(ids) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %d of %d (event, consumer) pairs applied", within, applied, 2*len(ids))
+			t.Fatalf("after %s: %d of %d (event, consumer) pairs applied", within, applied, len(events.Consumers)*len(ids))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -196,8 +196,8 @@ func (b *bundle) waitApplied(t testing.TB, ids []uuid.UUID, within time.Duration
 func (b *bundle) assertOnce(t testing.TB, ids []uuid.UUID) {
 	t.Helper()
 	for _, id := range ids {
-		if e := b.effects(t, id); e != (effects{2, 1, 1}) {
-			t.Errorf("event %s: inbox %d, mailbox %d, ledger %d; want 2, 1, 1", id, e.inbox, e.mailbox, e.ledger)
+		if e := b.effects(t, id); e != (effects{len(events.Consumers), 1, 1}) {
+			t.Errorf("event %s: inbox %d, mailbox %d, ledger %d; want %d, 1, 1", id, e.inbox, e.mailbox, e.ledger, len(events.Consumers))
 		}
 	}
 	r, err := invariants.Check(context.Background(), b.db.Pool, invariants.Options{})

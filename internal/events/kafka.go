@@ -17,8 +17,8 @@ import (
 )
 
 // Kafka is the transport of a partitioned log: the relay produces each
-// event to one topic with the event id as the record key and in the
-// HeaderEventID header; each consumer is a consumer group whose instances
+// event to one topic with its aggregate as the record key (one aggregate,
+// one partition, one order) and its event id in the HeaderEventID header; each consumer is a consumer group whose instances
 // share the topic's partitions and commit their offsets only after the
 // effect's transaction committed.
 //
@@ -44,8 +44,8 @@ type Kafka struct {
 	producer *kgo.Client
 }
 
-// HeaderEventID carries the producer's event id on every record (it is the
-// record key too): what a consumer dedupes on, never the offset.
+// HeaderEventID carries the producer's event id on every record: what a
+// consumer dedupes on, never the offset (the record key is the aggregate).
 const HeaderEventID = "idemlab-event-id"
 
 // KafkaConfig says where the brokers are and how the topic and groups
@@ -145,8 +145,11 @@ func (k *Kafka) DuplicateWindow() time.Duration { return 0 }
 func (k *Kafka) Topic() string { return k.cfg.Topic }
 
 // Publish produces every message, then waits for each one's ack (from every
-// in-sync replica). The record key is the event id: the same event always
-// lands on the same partition, so its copies are ordered after it.
+// in-sync replica). The record key is the aggregate ("policy:42"): the
+// partitioner sends one key to one partition, so one aggregate's events are
+// stored in the order they were produced, read by one member of a group at
+// a time, in offset order — and a copy of an event lands behind it. The
+// event id travels in HeaderEventID.
 func (k *Kafka) Publish(ctx context.Context, ms []Message) []PublishResult {
 	results := make([]PublishResult, len(ms))
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.PublishTimeout)
@@ -158,9 +161,8 @@ func (k *Kafka) Publish(ctx context.Context, ms []Message) []PublishResult {
 			results[i].Err = err
 			continue
 		}
-		id := []byte(m.ID.String())
-		r := &kgo.Record{Topic: k.cfg.Topic, Key: id, Value: data,
-			Headers: []kgo.RecordHeader{{Key: HeaderEventID, Value: id}}}
+		r := &kgo.Record{Topic: k.cfg.Topic, Key: []byte(m.Key), Value: data,
+			Headers: []kgo.RecordHeader{{Key: HeaderEventID, Value: []byte(m.ID.String())}}}
 		wg.Add(1)
 		k.producer.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			results[i].Err = err // each promise writes its own slot

@@ -77,21 +77,26 @@ func TestKafkaEveryEventAppliedOncePerConsumer(t *testing.T) {
 		b.waitApplied(t, ids, 30*time.Second)
 		var instances int
 		b.db.Pool.QueryRow(context.Background(), `SELECT count(DISTINCT (consumer, instance)) FROM event_deliveries`).Scan(&instances)
-		if instances == 4 {
+		if instances == 2*len(events.Consumers) {
 			break
 		}
 		if round == 20 {
-			t.Fatalf("after %d events %d (consumer, instance) pairs delivered, want 4: both instances of both consumers", len(ids), instances)
+			t.Fatalf("after %d events %d (consumer, instance) pairs delivered, want %d: both instances of every consumer", len(ids), instances, 2*len(events.Consumers))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 
-	// What is on the topic: one record per event, its key and its header
-	// the event id (the offset is the broker's, never what dedupes).
+	// What is on the topic: one record per event, its key the event's
+	// aggregate (one aggregate, one partition) and its header the event id
+	// (the offset is the broker's, never what dedupes).
 	records := b.readTopic(t, len(ids))
-	want := map[string]bool{}
+	want := map[string]string{} // event id → aggregate
 	for _, id := range ids {
-		want[id.String()] = true
+		var key string
+		if err := b.db.Pool.QueryRow(context.Background(), `SELECT key FROM outbox WHERE id = $1`, id).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		want[id.String()] = key
 	}
 	for _, r := range records {
 		var header string
@@ -100,10 +105,10 @@ func TestKafkaEveryEventAppliedOncePerConsumer(t *testing.T) {
 				header = string(h.Value)
 			}
 		}
-		if !want[string(r.Key)] || header != string(r.Key) {
-			t.Errorf("record p%d@%d: key %q, header %q; want an event id in both", r.Partition, r.Offset, r.Key, header)
+		if key, ok := want[header]; !ok || string(r.Key) != key {
+			t.Errorf("record p%d@%d: key %q, header %q; want the aggregate as key, the event id as header", r.Partition, r.Offset, r.Key, header)
 		}
-		delete(want, string(r.Key))
+		delete(want, header)
 	}
 	if len(want) != 0 {
 		t.Errorf("%d events have no record on the topic", len(want))
@@ -242,7 +247,7 @@ func TestInjectorModesOnKafka(t *testing.T) {
 	}
 }
 
-// waitGroupsStable waits until both consumers' groups are Stable with
+// waitGroupsStable waits until every consumer's group are Stable with
 // `members` members each: every partition assigned, no rebalance under way.
 func (b *bundle) waitGroupsStable(t testing.TB, members int) {
 	t.Helper()
@@ -251,8 +256,11 @@ func (b *bundle) waitGroupsStable(t testing.TB, members int) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	groups := []string{b.kafka.Group(events.ConsumerNotifications), b.kafka.Group(events.ConsumerLedger)}
-	waitFor(t, 30*time.Second, "both consumer groups to be stable with every member", func() bool {
+	var groups []string
+	for _, c := range events.Consumers {
+		groups = append(groups, b.kafka.Group(c))
+	}
+	waitFor(t, 30*time.Second, "every consumer group to be stable with every member", func() bool {
 		req := kmsg.NewPtrDescribeGroupsRequest()
 		req.Groups = groups
 		resp, err := req.RequestWith(context.Background(), cl)

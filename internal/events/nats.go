@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"sync"
 	"time"
@@ -100,6 +101,10 @@ func (n *NATS) Transport() string { return TransportNATS }
 // DuplicateWindow is the stream's dedupe window.
 func (n *NATS) DuplicateWindow() time.Duration { return n.cfg.DuplicateWindow }
 
+// HeaderKey carries the event's aggregate ("policy:42") on a JetStream
+// message: what a consumer instance keeps one delivery in flight per.
+const HeaderKey = "Idemlab-Key"
+
 // Publish sends every message without waiting in between, then waits for
 // each one's ack. The event id is the Nats-Msg-Id: JetStream stores one
 // message per id inside its window and answers a repeat "duplicate".
@@ -114,6 +119,9 @@ func (n *NATS) Publish(ctx context.Context, ms []Message) []PublishResult {
 		}
 		msg := &nats.Msg{Subject: n.cfg.Subject + "." + m.Type, Data: data, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, m.ID.String())
+		// The aggregate, for the consumer's lanes (one delivery of an
+		// aggregate in flight per instance; see consume).
+		msg.Header.Set(HeaderKey, m.Key)
 		if futures[i], err = n.js.PublishMsgAsync(msg); err != nil {
 			results[i].Err = err
 		}
@@ -153,9 +161,10 @@ type ConsumerConfig struct {
 	// once (Run; runOnce handles its batch in turn). Default 16, as River's
 	// per queue. One at a time, a consumer's commits queued one behind the
 	// other and fell behind the app's cancellation rate: the lag grew for
-	// the whole of a loaded run (p99 7.5 s). Each delivery is acked on its
-	// own, and no consumer depends on the order of events. Kafka's consumer
-	// ignores it: its offsets commit in order.
+	// the whole of a loaded run (p99 7.5 s). Each worker is a lane: the
+	// deliveries of one aggregate always take the same lane, so an instance
+	// handles them one at a time, in the order JetStream handed them over.
+	// Kafka's consumer ignores it: its offsets commit in order.
 	Workers  int
 	Injector *Injector
 	Logger   *slog.Logger
@@ -220,11 +229,30 @@ func (c *NATSConsumer) consume(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	// Up to Workers deliveries at once; stopping waits for those in flight
-	// (a delivery cut short is not acked, so it comes again).
-	workers := make(chan struct{}, c.cfg.Workers)
+	// Up to Workers deliveries at once, one lane each: the deliveries of
+	// one aggregate (HeaderKey) always take the same lane, so this instance
+	// has at most one of them in flight and handles them in the order
+	// JetStream delivered them. That is all a pull consumer shared by
+	// several instances can promise: another instance may hold the next
+	// one, and a Nak'd delivery comes back behind later ones — the consumer
+	// that needs order checks it (History). Stopping waits for those in
+	// flight (a delivery cut short is not acked, so it comes again).
 	var inFlight sync.WaitGroup
-	defer inFlight.Wait()
+	lanes := make([]chan jetstream.Msg, c.cfg.Workers)
+	for i := range lanes {
+		lanes[i] = make(chan jetstream.Msg)
+		inFlight.Go(func() {
+			for msg := range lanes[i] {
+				c.deliver(ctx, msg)
+			}
+		})
+	}
+	defer func() {
+		for _, l := range lanes {
+			close(l)
+		}
+		inFlight.Wait()
+	}()
 	for {
 		msg, err := it.Next()
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
@@ -234,12 +262,15 @@ func (c *NATSConsumer) consume(ctx context.Context) error {
 			it.Stop()
 			return err
 		}
-		workers <- struct{}{}
-		inFlight.Go(func() {
-			defer func() { <-workers }()
-			c.deliver(ctx, msg)
-		})
+		lanes[laneOf(msg.Headers().Get(HeaderKey), len(lanes))] <- msg
 	}
+}
+
+// laneOf is the lane of an aggregate's deliveries.
+func laneOf(key string, lanes int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(lanes))
 }
 
 // runOnce fetches one batch (waiting up to Wait) and handles it; it

@@ -30,7 +30,7 @@ func (b *bundle) startRiverConsumers(t testing.TB, instances int, cfg events.Riv
 	t.Helper()
 	for i := range instances {
 		var hs []*events.Handler
-		for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
+		for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}, events.History{}} {
 			hs = append(hs, events.NewHandler(b.db.Pool, c, events.HandlerConfig{
 				Transport: events.TransportRiver, Instance: fmt.Sprintf("river-%d", i+1), Crash: sw}))
 		}

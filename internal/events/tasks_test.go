@@ -130,7 +130,7 @@ func (b *bundle) startPushHandlers(t testing.TB, instances int, sw *crash.Switch
 	t.Helper()
 	for i := range instances {
 		var hs []*events.Handler
-		for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}} {
+		for _, c := range []events.Consumer{events.Notifications{}, events.Ledger{}, events.History{}} {
 			cfg := events.HandlerConfig{Transport: events.TransportTasks, Instance: fmt.Sprintf("instance-%d", i+1)}
 			if i == 0 {
 				cfg.Crash = sw
@@ -168,8 +168,8 @@ func TestTasksEveryEventAppliedOncePerConsumer(t *testing.T) {
 	b.db.Pool.QueryRow(context.Background(), `SELECT count(DISTINCT (consumer, instance)) FROM event_deliveries`).Scan(&instances)
 	b.db.Pool.QueryRow(context.Background(), `
 		SELECT count(*) FROM event_deliveries WHERE detail LIKE 'task ' || event_id || ' retry 0%'`).Scan(&named)
-	if instances != 4 || named != 24 {
-		t.Errorf("%d (consumer, instance) pairs, %d deliveries naming their task; want 4 and 24", instances, named)
+	if want := len(events.Consumers); instances != 2*want || named != 12*want {
+		t.Errorf("%d (consumer, instance) pairs, %d deliveries naming their task; want %d and %d", instances, named, 2*want, 12*want)
 	}
 	for _, consumer := range events.Consumers {
 		got, err := b.tasks.client.Get(context.Background(), b.pub.(*events.Tasks).Queue(consumer)+"/tasks/"+ids[0].String())

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/events"
 )
 
 // Invariant 9 (DESIGN.md): every committed event is delivered at least
@@ -73,7 +74,52 @@ var eventChecks = []struct {
 		SELECT o.id::text
 		  FROM outbox o
 		 WHERE o.created_at < now() - make_interval(secs => $1)
-		   AND (SELECT count(*) FROM inbox i WHERE i.event_id = o.id) < 2`, true},
+		   AND (SELECT count(*) FROM inbox i WHERE i.event_id = o.id) < $2`, true},
+}
+
+// Invariant 10's half for events (DESIGN.md): a consumer that needs order
+// sees one aggregate's events in their order. The history consumer
+// (events.History) is that consumer; its projection must be the ordered
+// fold of its events, each applied at its own place. Keys are aggregates
+// or event ids.
+var orderChecks = []struct {
+	detail string
+	sql    string
+	stale  bool
+}{
+	{"two events of one aggregate at the same place (the writers' counter did not serialise them; keys are aggregates)", `
+		SELECT key
+		  FROM outbox
+		 GROUP BY key, seq
+		HAVING count(*) > 1`, false},
+	// The fold: applied 1..version with no gap, and the state the last one says.
+	{"a history that is not the ordered fold of its events (version, gap or state; keys are aggregates)", `
+		SELECT h.key
+		  FROM histories h
+		  LEFT JOIN LATERAL (SELECT count(*) AS applied, coalesce(max(seq), 0) AS last
+		                       FROM history_events e
+		                      WHERE e.key = h.key) c ON true
+		  LEFT JOIN history_events l ON l.key = h.key AND l.seq = h.version
+		 WHERE h.version <> c.applied
+		    OR h.version <> c.last
+		    OR h.state IS DISTINCT FROM substr(l.type, strpos(l.type, '.') + 1)`, false},
+	{"an event the history applied at a place other than its own (out of its aggregate's order)", `
+		SELECT e.event_id::text
+		  FROM history_events e
+		  JOIN outbox o ON o.id = e.event_id
+		 WHERE o.seq <> e.seq
+		    OR o.key <> e.key`, false},
+	{"an event parked by the history long after it was written (its predecessor never came)", `
+		SELECT event_id::text
+		  FROM history_parked
+		 WHERE created_at < now() - make_interval(secs => $1)`, true},
+	{"an aggregate whose history lags its events long after they were written (keys are aggregates)", `
+		SELECT o.key
+		  FROM outbox o
+		  LEFT JOIN histories h ON h.key = o.key
+		 WHERE o.created_at < now() - make_interval(secs => $1)
+		 GROUP BY o.key
+		HAVING max(o.seq) > coalesce(max(h.version), 0)`, true},
 }
 
 func checkEvents(ctx context.Context, db database.DBTX, opts Options, r *Report) error {
@@ -83,20 +129,42 @@ func checkEvents(ctx context.Context, db database.DBTX, opts Options, r *Report)
 			if opts.StaleAfter <= 0 {
 				continue
 			}
+			args = append(args, opts.StaleAfter.Seconds(), len(events.Consumers))
+		}
+		if err := checkKeys(ctx, db, 9, c.detail, c.sql, opts, r, c.stale, args...); err != nil {
+			return err
+		}
+	}
+	for _, c := range orderChecks {
+		var args []any
+		if c.stale {
+			if opts.StaleAfter <= 0 {
+				continue
+			}
 			args = append(args, opts.StaleAfter.Seconds())
 		}
-		rows, err := db.Query(ctx, c.sql+fmt.Sprintf("\n LIMIT %d", opts.MaxIDs), args...)
-		if err != nil {
-			return fmt.Errorf("invariants: 9 (%s): %w", c.detail, err)
+		if err := checkKeys(ctx, db, 10, c.detail, c.sql, opts, r, c.stale, args...); err != nil {
+			return err
 		}
-		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("invariants: 9 (%s): %w", c.detail, err)
-		}
-		if len(keys) > 0 {
-			r.OK = false
-			r.Violations = append(r.Violations, Violation{Invariant: 9, Detail: c.detail, IDs: []int64{}, Keys: keys, Undelivered: c.stale})
-		}
+	}
+	return nil
+}
+
+// checkKeys runs one check whose offending rows are named by text keys.
+// An "after heal" check's violation is events still on their way
+// (Violation.Undelivered).
+func checkKeys(ctx context.Context, db database.DBTX, invariant int, detail, sql string, opts Options, r *Report, stale bool, args ...any) error {
+	rows, err := db.Query(ctx, sql+fmt.Sprintf("\n LIMIT %d", opts.MaxIDs), args...)
+	if err != nil {
+		return fmt.Errorf("invariants: %d (%s): %w", invariant, detail, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("invariants: %d (%s): %w", invariant, detail, err)
+	}
+	if len(keys) > 0 {
+		r.OK = false
+		r.Violations = append(r.Violations, Violation{Invariant: invariant, Detail: detail, IDs: []int64{}, Keys: keys, Undelivered: stale})
 	}
 	return nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -82,9 +84,9 @@ func (app *App) handlePutInjectorAPI(c echo.Context) error {
 }
 
 func (app *App) setInjector(ctx context.Context, in injectorBody) error {
-	if in.Consumer != "" && in.Consumer != events.ConsumerNotifications && in.Consumer != events.ConsumerLedger {
+	if in.Consumer != "" && !slices.Contains(events.Consumers, in.Consumer) {
 		return refuse(errValidation, "Invalid consumer",
-			"consumer must be notifications, ledger or empty for both").With("field", "consumer")
+			"consumer must be one of "+strings.Join(events.Consumers, ", ")+", or empty for every one").With("field", "consumer")
 	}
 	if in.Mode == "" {
 		return app.injector.Clear(ctx)
