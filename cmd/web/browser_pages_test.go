@@ -164,3 +164,39 @@ func TestBrowserIdeasAndDocsPages(t *testing.T) {
 		t.Fatalf("no link to another doc in /docs/recovery: %v", err)
 	}
 }
+
+// The labs' limit in a browser (issue 29, finding 22): the second run of a
+// minute with RATE_LIMIT_LABS=1/m lands on a 429 page that says when to try
+// again and leads back to the lab, at 1280 and 390 px.
+func TestBrowserLabLimitSaysWhenAndLeadsBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	t.Parallel()
+	s := startServer(t, map[string]string{"RATE_LIMIT_LABS": "1/m"})
+	ctx := browsertest.New(t)
+	var back string
+	var ok bool
+	err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/labs/claim"),
+		chromedp.Click(`[data-testid="lab-run"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="lab-table"]`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/labs/claim"),
+		chromedp.Click(`[data-testid="lab-run"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="rate-limited"]`, chromedp.ByQuery),
+		chromedp.AttributeValue(`[data-testid="rate-limited-back"]`, "href", &back, &ok, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != "/labs/claim" {
+		t.Errorf("the 429 page leads back to %q, want /labs/claim", back)
+	}
+	if !strings.Contains(text(t, ctx, `[data-testid="retry-at"]`), "Try again in") {
+		t.Errorf("the 429 page does not say when to try again")
+	}
+	shoot(t, ctx, "lab-limit")
+}
