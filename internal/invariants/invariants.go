@@ -26,6 +26,8 @@
 //     refund per booking; no refund without its charge; no hold released
 //     while its charge is not known not to exist; every FAILED deposit
 //     booking left its slot free.
+//  11. A cancelled operation ran no step after its cancel mark but the
+//     learning of a step already sent and its compensations.
 //  10. Steps are never done out of order: no step is DONE while an earlier
 //     step of the same run is not, or finished before it. A callback is
 //     applied at most once per step, and a step it settled stays settled.
@@ -206,7 +208,8 @@ var checks = []check{
 		   AND s.status IN ('HELD', 'BOOKED')
 		   AND NOT coalesce(CASE s.status
 		                        WHEN 'BOOKED' THEN c.state = 'DONE'
-		                        ELSE c.state IN ('PENDING', 'SENT', 'UNKNOWN')
+		                        -- charged, then cancelled: held while the refund is under way
+		                        ELSE c.state IN ('PENDING', 'SENT', 'UNKNOWN') OR c.state = 'DONE' AND o.cancel_requested_at IS NOT NULL
 		                    END, false)`, ""},
 	{8, "a charge_deposit DONE that the payments service does not report COMPLETED", `
 		SELECT s.operation_id
@@ -266,7 +269,29 @@ var checks = []check{
 		          FROM operation_steps
 		        WINDOW earlier AS (PARTITION BY operation_id, run ORDER BY position)) s
 		 WHERE state = 'DONE'
-		   AND (before_state <> 'DONE' OR before_finished > finished_at)`, ""},
+		   AND (before_state NOT IN ('DONE', 'CANCELLED') OR before_finished > finished_at)`, ""},
+	// Cancelling (internal/workflow/cancel.go): after its cancel mark an
+	// operation learns the truth of a step already sent and runs its
+	// compensations (the steps after a CANCELLED one), nothing else — no
+	// call made, no step finished, outside those.
+	{11, "a cancelled operation that ran a step after its cancel mark (not a compensation, not a learned truth)", `
+		SELECT DISTINCT o.id
+		  FROM operations o
+		  JOIN operation_steps s ON s.operation_id = o.id AND s.run = o.run
+		 WHERE o.cancel_requested_at IS NOT NULL
+		   AND NOT EXISTS (SELECT 1
+		                     FROM operation_steps x
+		                    WHERE x.operation_id = s.operation_id
+		                      AND x.run = s.run
+		                      AND x.state = 'CANCELLED'
+		                      AND x.position < s.position) -- a compensation
+		   AND (s.system IS NULL AND s.state = 'DONE' AND s.finished_at > o.cancel_requested_at
+		        OR EXISTS (SELECT 1
+		                     FROM operation_calls c
+		                    WHERE c.operation_id = o.id
+		                      AND c.step_key = s.step_key
+		                      AND c.kind = 'call'
+		                      AND c.at > o.cancel_requested_at))`, ""},
 	// Callbacks (issue 28): the inbox's primary key makes one row per event;
 	// its effect — settling a step — happens at most once per step, and
 	// leaves the step where the callback said, never moved since.

@@ -41,6 +41,9 @@ const (
 	StepHold          = "hold"
 	StepChargeDeposit = "charge_deposit"
 	StepConfirm       = "confirm"
+	// the booking's compensation, when a person cancels it after the charge
+	StepRefundCharge     = "refund_charge"
+	StepReleaseCancelled = "release_cancelled"
 
 	StepRequestCancel = "request_cancel"
 	StepRefundDeposit = "refund_deposit"
@@ -83,6 +86,13 @@ func bookDeposit(pay payments.Client) workflow.Definition {
 			{Name: StepHold, Undo: releaseHold},
 			{Name: StepChargeDeposit, Call: chargeDeposit{pay}, Refused: workflow.FailOperation, Abandon: holdTimeIsUp},
 			{Name: StepConfirm, Do: confirmHold},
+		},
+		// Cancelled by a person once the charge went through: the charge
+		// is refunded under its own key, then the hold is let go. A
+		// refused refund leaves the money taken: a person decides.
+		Compensation: []workflow.Step{
+			{Name: StepRefundCharge, Call: refundDeposit{pay}, Refused: workflow.Reconcile},
+			{Name: StepReleaseCancelled, Do: releaseCancelled},
 		},
 	}
 }
@@ -283,6 +293,36 @@ func releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string,
 		return "", err
 	}
 	return fmt.Sprintf("slot %d AVAILABLE again, booking %d FAILED (booking.hold_released in the outbox)", bk.SlotID, bk.ID), nil
+}
+
+// releaseCancelled is the booking's last compensation: the charge is
+// refunded, so the PENDING booking is CANCELLED and its hold let go, with
+// booking.hold_released, in the transaction that records the refund DONE.
+func releaseCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+	bk, err := scanBooking(tx.QueryRow(ctx, `
+		UPDATE bookings
+		   SET status = 'CANCELLED',
+		       cancelled_at = now()
+		 WHERE id = $1
+		   AND status = 'PENDING' -- a hold is let go once
+		RETURNING `+bookingColumns, op.BookingID))
+	if err != nil {
+		return "", fmt.Errorf("slots: release cancelled booking %d: %w", op.BookingID, err)
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE slots
+		   SET status = 'AVAILABLE',
+		       booking_id = NULL,
+		       held_until = NULL
+		 WHERE id = $1
+		   AND booking_id = $2
+		   AND status = 'HELD' -- only this booking's hold`, bk.SlotID, bk.ID); err != nil {
+		return "", fmt.Errorf("slots: release cancelled booking %d: %w", bk.ID, err)
+	}
+	if _, err := events.Write(ctx, tx, events.NewBookingHoldReleased(changed(bk, *bk.CancelledAt))); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("deposit refunded: booking %d CANCELLED, slot %d AVAILABLE again (booking.hold_released in the outbox)", bk.ID, bk.SlotID), nil
 }
 
 // holdTimeIsUp is the charge's Abandon: asked only once the charge is known

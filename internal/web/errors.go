@@ -94,6 +94,8 @@ var errorTable = []struct {
 	{workflow.ErrResolutionNotAllowed, http.StatusConflict, "resolution-not-allowed", "That decision does not fit this step"},
 	{operations.ErrNotFailed, http.StatusConflict, "not-failed", "Only a FAILED operation can be resumed"},
 	{operations.ErrResumeNotAllowed, http.StatusConflict, "resume-not-allowed", "This kind of operation is not resumed"},
+	{workflow.ErrNotLive, http.StatusConflict, "not-live", "Only a live operation can be cancelled"},
+	{workflow.ErrCancelRequested, http.StatusConflict, "cancel-already-requested", "A cancel of this operation was already requested"},
 	{workflow.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},

@@ -132,6 +132,10 @@ func (app *App) handleOperationPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if u, _ := userFrom(c); u.IsAdmin() && vm.CancelState == "" &&
+		(vm.Status == workflow.StatusInProgress || vm.Status == workflow.StatusRecovering) {
+		vm.Cancel = &views.ResumeForm{CSRF: csrfToken(c), Key: newFormKey()}
+	}
 	if u, _ := userFrom(c); u.IsAdmin() && vm.Status == workflow.StatusFailed {
 		if vm.ResumeRefused = resumeRule(vm.Type); vm.ResumeRefused == "" {
 			vm.Resume = &views.ResumeForm{CSRF: csrfToken(c), Key: newFormKey()}
@@ -189,6 +193,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
 	vm.RunAgain = runAgain(v.Type)
+	vm.CancelState = cancelState(v.Operation)
 	vm.LastError, vm.LastErrorLabel = lastErrorShown(v.Operation)
 	vm.Identities = app.identities(ctx, v, subject)
 	current := ""

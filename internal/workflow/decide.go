@@ -87,6 +87,15 @@ UPDATE operation_steps s
    AND s.state <> 'DONE' -- a done step stays done
 RETURNING ` + stepColumns
 
+// sqlCancelSetAside clears a cancel request a person overrode (cancel.go);
+// the audit trail keeps both.
+const sqlCancelSetAside = `
+UPDATE operations
+   SET cancel_requested_at = NULL,
+       cancel_requested_by = NULL
+ WHERE id = $1
+   AND owner_token = $2 -- the person owns it for this transaction`
+
 // sqlRetryRequested hands the operation back to recovery with a fresh budget.
 const sqlRetryRequested = `
 UPDATE operations
@@ -141,6 +150,11 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 	case d.Resolution == ResolveFailed && step.Refused != FailOperation:
 		return Operation{}, fmt.Errorf("%w: %s cannot be marked failed — what the earlier steps did elsewhere stands; "+
 			"mark it done once it is done by hand, or retry", ErrResolutionNotAllowed, stuck.Name)
+	case d.Resolution != ResolveRetry && !stuck.External() && seen.CancelRequestedAt != nil:
+		// A local step is the workflow's own write: marking it done would
+		// skip what it writes. Only recovery runs it (a cancelled
+		// operation handed to a person stops at one: cancel.go).
+		return Operation{}, fmt.Errorf("%w: %s is a step of this database's own: retry runs it", ErrResolutionNotAllowed, stuck.Name)
 	case d.Resolution == ResolveRetry && stuck.State == StepFailed:
 		return Operation{}, fmt.Errorf("%w: %s was refused definitely; the same call would be refused again", ErrResolutionNotAllowed, stuck.Name)
 	}
@@ -181,6 +195,17 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
 				"a person asked for a retry: handed back to recovery, which asks "+deref(stuck.System)+" first"+note, sqlDecide); err != nil {
 				return err
+			}
+			if seen.CancelRequestedAt != nil && !stuck.External() {
+				// Cancelled after an effect nothing undoes: the person decided
+				// the workflow runs on, so the cancel request is set aside.
+				if _, err := tx.Exec(ctx, sqlCancelSetAside, r.op.ID, r.token); err != nil {
+					return fmt.Errorf("workflow: set the cancel aside: %w", err)
+				}
+				if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
+					"the cancel requested by "+deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", sqlCancelSetAside); err != nil {
+					return err
+				}
 			}
 			return r.transition(ctx, tx, sqlRetryRequested, "handed back to recovery")
 		default:

@@ -25,6 +25,13 @@ import (
 type Definition struct {
 	Type  string
 	Steps []Step
+	// Compensation is what undoes the steps' effects elsewhere when a
+	// person cancels the operation after an external step took effect (a
+	// refund of a charge that went through): steps like the others, run
+	// in order after the cancelled ones, under their own step keys, by the
+	// same code (cancel.go). Nil: nothing undoes them automatically, so a
+	// person decides.
+	Compensation []Step
 	// CrashAliases keeps older crash point names working: each alias
 	// fires where the point it names does.
 	CrashAliases map[crash.Point]crash.Point
@@ -144,7 +151,19 @@ func (def *Definition) validate() error {
 		return errors.New("workflow: a definition needs a type and at least two steps")
 	}
 	seen := map[string]bool{}
-	for i, s := range def.Steps {
+	for _, s := range def.Compensation {
+		if s.Name == "" || (s.Do == nil) == (s.Call == nil) {
+			return fmt.Errorf("workflow: %s: a compensation step needs a name and must be local (Do) or external (Call)", def.Type)
+		}
+	}
+	for i, s := range append(slices.Clone(def.Steps), def.Compensation...) {
+		if i >= len(def.Steps) { // a compensation: checked above, its name below
+			if seen[s.Name] {
+				return fmt.Errorf("workflow: %s: compensation step %s repeats a name", def.Type, s.Name)
+			}
+			seen[s.Name] = true
+			continue
+		}
 		switch {
 		case s.Name == "" || seen[s.Name]:
 			return fmt.Errorf("workflow: %s: step %d has no name or a repeated one", def.Type, i+1)
@@ -159,7 +178,7 @@ func (def *Definition) validate() error {
 }
 
 func (def *Definition) step(name string) (Step, bool) {
-	for _, s := range def.Steps {
+	for _, s := range append(def.Steps[:len(def.Steps):len(def.Steps)], def.Compensation...) {
 		if s.Name == name {
 			return s, true
 		}

@@ -36,6 +36,9 @@ const (
 	StepDone    = "DONE"
 	StepFailed  = "FAILED"
 	StepUnknown = "UNKNOWN"
+	// StepCancelled: never run, because the operation was cancelled
+	// before it (cancel.go). It was never sent: no call of it can exist.
+	StepCancelled = "CANCELLED"
 )
 
 // Why a live operation's lease ended early (operations.released).
@@ -58,26 +61,30 @@ var (
 // Operation is one business intent and everything known about it. Steps
 // are those of its current run, in order.
 type Operation struct {
-	ID             int64        `json:"id"`
-	Type           string       `json:"operation_type"`
-	PolicyID       int64        `json:"policy_id,omitempty"`
-	BookingID      int64        `json:"booking_id,omitempty"`
-	UserID         int64        `json:"user_id"`
-	IdempotencyKey string       `json:"idempotency_key"`
-	Reason         string       `json:"reason"`
-	Status         string       `json:"status"`
-	OwnerToken     *string      `json:"owner_token"`
-	OwnerID        *string      `json:"owner_id"`
-	LeaseExpiresAt *time.Time   `json:"lease_expires_at"`
-	Released       *string      `json:"released"`
-	Run            int          `json:"run"`
-	Attempts       int          `json:"attempts"`
-	NextAttemptAt  *time.Time   `json:"next_attempt_at"`
-	LastError      *string      `json:"last_error"`
-	CreatedAt      time.Time    `json:"created_at"`
-	UpdatedAt      time.Time    `json:"updated_at"`
-	FinishedAt     *time.Time   `json:"finished_at"`
-	Steps          []StepRecord `json:"steps"`
+	ID             int64      `json:"id"`
+	Type           string     `json:"operation_type"`
+	PolicyID       int64      `json:"policy_id,omitempty"`
+	BookingID      int64      `json:"booking_id,omitempty"`
+	UserID         int64      `json:"user_id"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	Reason         string     `json:"reason"`
+	Status         string     `json:"status"`
+	OwnerToken     *string    `json:"owner_token"`
+	OwnerID        *string    `json:"owner_id"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+	Released       *string    `json:"released"`
+	Run            int        `json:"run"`
+	Attempts       int        `json:"attempts"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	LastError      *string    `json:"last_error"`
+	CreatedAt      time.Time  `json:"created_at"`
+	UpdatedAt      time.Time  `json:"updated_at"`
+	FinishedAt     *time.Time `json:"finished_at"`
+	// CancelRequestedAt is when a person asked to cancel the operation
+	// (cancel.go), and CancelRequestedBy who; nil: nobody has.
+	CancelRequestedAt *time.Time   `json:"cancel_requested_at"`
+	CancelRequestedBy *string      `json:"cancel_requested_by"`
+	Steps             []StepRecord `json:"steps"`
 }
 
 // Terminal reports whether nothing more will happen to op on its own.
@@ -113,10 +120,11 @@ func (op Operation) Stuck() (StepRecord, bool) {
 	return StepRecord{}, false
 }
 
-// current is the index of the first step not DONE (len(Steps) when all are).
+// current is the index of the first step not DONE (len(Steps) when all
+// are). A CANCELLED step is passed over: after it come the compensations.
 func (op Operation) current() int {
 	for i, s := range op.Steps {
-		if s.State != StepDone {
+		if s.State != StepDone && s.State != StepCancelled {
 			return i
 		}
 	}
@@ -158,13 +166,14 @@ func StepKey(operationID int64, step string, run int) string {
 // opColumns is the select list scanOperation reads, in order.
 const opColumns = `id, operation_type, coalesce(policy_id, 0), coalesce(booking_id, 0), user_id, idempotency_key,
 	reason, status, owner_token::text, owner_id, lease_expires_at, released, run, attempts, next_attempt_at,
-	last_error, created_at, updated_at, finished_at`
+	last_error, created_at, updated_at, finished_at, cancel_requested_at, cancel_requested_by`
 
 func scanOperation(row pgx.Row, prefix ...any) (Operation, error) {
 	var op Operation
 	err := row.Scan(append(prefix, &op.ID, &op.Type, &op.PolicyID, &op.BookingID, &op.UserID, &op.IdempotencyKey,
 		&op.Reason, &op.Status, &op.OwnerToken, &op.OwnerID, &op.LeaseExpiresAt, &op.Released, &op.Run, &op.Attempts,
-		&op.NextAttemptAt, &op.LastError, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt)...)
+		&op.NextAttemptAt, &op.LastError, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt, &op.CancelRequestedAt,
+		&op.CancelRequestedBy)...)
 	return op, err
 }
 
@@ -212,6 +221,8 @@ UPDATE operations
        next_attempt_at = NULL,
        last_error = NULL,
        finished_at = NULL,
+       cancel_requested_at = NULL, -- a new run is not the cancelled one
+       cancel_requested_by = NULL,
        updated_at = now()
  WHERE id = $1
    AND status = 'FAILED' -- 0 rows: someone restarted it first

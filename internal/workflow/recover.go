@@ -174,7 +174,7 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 	if err != nil {
 		return recovery.Result{}, err
 	}
-	if b.Idempotent {
+	if b.Idempotent && a.r.op.CancelRequestedAt == nil { // after a cancel, only asking
 		return a.resend(ctx, i, BranchRetryUnknown, seen+"; "+b.says()+", so the same call was sent again")
 	}
 	return a.backOff(ctx, i, BranchBackoff, seen+"; "+b.says()+": calling again could apply it twice, so recovery asks again later", 0, true)
@@ -246,13 +246,33 @@ func (a *attempt) resend(ctx context.Context, i int, branch, why string) (recove
 		if err := a.r.flushAsked(ctx, tx); err != nil {
 			return nil, err
 		}
-		if err := a.r.event(ctx, tx, a.r.op.Status, a.r.record(i).Name, why, ""); err != nil {
+		name := a.r.record(i).Name
+		st, _ := a.r.def.step(name)
+		n := len(a.r.events)
+		if err := a.r.event(ctx, tx, a.r.op.Status, name, why, ""); err != nil {
 			return nil, err
 		}
-		st, _ := a.r.def.step(a.r.record(i).Name)
 		p, _, err := a.r.sent(ctx, tx, i, st)
+		if errors.Is(err, errCancelled) {
+			a.r.events = a.r.events[:n] // not sent again after all
+			return a.cancelled(ctx, tx, i, branch == BranchNotStarted)
+		}
 		return p, err
 	})
+}
+
+// cancelled is recovery's answer to a cancel mark met as it was about to
+// send step i again: when the step is known never to have taken effect
+// (notStarted), the operation stops there like before any step; when its
+// outcome is unknown, it is not sent again — that would be a new attempt
+// after the cancel — and recovery keeps asking until its truth is known.
+func (a *attempt) cancelled(ctx context.Context, tx pgx.Tx, i int, notStarted bool) (*pending, error) {
+	if notStarted {
+		return a.r.cancelAt(ctx, tx, i)
+	}
+	a.r.branch = BranchBackoff
+	why := "a cancel was requested while " + a.r.record(i).Name + "'s outcome is unknown: not sent again, its truth is asked again later"
+	return nil, a.onUnknown(ctx, tx, why)
 }
 
 // notStarted acts on a conclusive NOT_STARTED for step i: the call is known
@@ -275,10 +295,15 @@ func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.R
 		}
 		if gaveUp == "" {
 			a.r.branch = BranchNotStarted
+			n := len(a.r.events)
 			if err := a.r.event(ctx, tx, a.r.op.Status, rec.Name, why+": sent again with the same key", ""); err != nil {
 				return nil, err
 			}
 			p, _, err := a.r.sent(ctx, tx, i, st)
+			if errors.Is(err, errCancelled) {
+				a.r.events = a.r.events[:n] // not sent again after all
+				return a.cancelled(ctx, tx, i, true)
+			}
 			return p, err
 		}
 		a.r.branch = BranchAbandoned

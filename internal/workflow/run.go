@@ -100,7 +100,11 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 		if st.Do != nil {
 			if i > marked {
 				var err error
-				if marked, err = r.localDone(ctx, tx, i); err != nil {
+				marked, err = r.localDone(ctx, tx, i)
+				if errors.Is(err, errCancelled) {
+					return r.cancelAt(ctx, tx, i)
+				}
+				if err != nil {
 					return nil, err
 				}
 			}
@@ -118,6 +122,9 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 			return &pending{index: i, step: st}, nil
 		}
 		p, skippedWhy, err := r.sent(ctx, tx, i, st)
+		if errors.Is(err, errCancelled) {
+			return r.cancelAt(ctx, tx, i)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -127,6 +134,9 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 		if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" skipped: "+skippedWhy, sqlStepSkipped); err != nil {
 			return nil, err
 		}
+	}
+	if r.op.cancelled() {
+		return nil, r.fail(ctx, tx, "cancelled; what had been done elsewhere was undone ("+r.compensationNames()+")")
 	}
 	return nil, r.succeed(ctx, tx)
 }
@@ -144,7 +154,7 @@ func (r *runner) localDone(ctx context.Context, tx pgx.Tx, i int) (int, error) {
 		}
 		last, names = j, append(names, r.record(j).Name)
 	}
-	rows, err := tx.Query(ctx, sqlStepsDone, r.op.ID, r.token, r.op.Run, names)
+	rows, err := tx.Query(ctx, sqlStepsDone, r.op.ID, r.token, r.op.Run, names, r.def.compensation(names[0]))
 	if err != nil {
 		return 0, fmt.Errorf("workflow: write steps %v: %w", names, err)
 	}
@@ -176,7 +186,7 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 		var skip *skipped
 		if errors.As(err, &skip) {
 			answer, _ := json.Marshal(map[string]string{"skipped": skip.why})
-			return nil, skip.why, r.writeStep(ctx, tx, i, sqlStepSkipped, answer)
+			return nil, skip.why, r.writeStep(ctx, tx, i, sqlStepSkipped, answer, r.def.compensation(rec.Name))
 		}
 		if err != nil {
 			return nil, "", fmt.Errorf("workflow: step %s: request: %w", rec.Name, err)
@@ -187,7 +197,8 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	}
 	deadline := st.Call.Deadline()
 	var callID int64
-	if err := r.writeStepScan(ctx, tx, i, sqlStepSent, []any{&callID}, deadline, request, r.e.cfg.Lease.Seconds(), r.actor); err != nil {
+	if err := r.writeStepScan(ctx, tx, i, sqlStepSent, []any{&callID}, deadline, request, r.e.cfg.Lease.Seconds(), r.actor,
+		r.def.compensation(rec.Name)); err != nil {
 		return nil, "", err
 	}
 	rec = r.record(i)
@@ -329,6 +340,12 @@ func (r *runner) refuse(ctx context.Context, tx pgx.Tx, i int, why string) error
 	if st.Refused == Reconcile {
 		return r.reconcile(ctx, tx, nil, why+"; what the earlier steps did elsewhere stands, so a person decides")
 	}
+	return r.undoAndFail(ctx, tx, i, why)
+}
+
+// undoAndFail runs the Undo of the steps before step i, latest first, and
+// fails the operation with why.
+func (r *runner) undoAndFail(ctx context.Context, tx pgx.Tx, i int, why string) error {
 	for j := i - 1; j >= 0; j-- { // the first step's Undo too: the intent may hold something (a slot)
 		prev, _ := r.def.step(r.record(j).Name)
 		if prev.Undo == nil {
@@ -371,8 +388,24 @@ WITH owner AS (
        FOR UPDATE -- a claim of the operation waits for this write's commit, then finds a new owner
 )`
 
-// sqlStepsDone marks local steps ($4, names) DONE.
-const sqlStepsDone = ownerCTE + `
+// ownerBegin … ownerBeginEnd is ownerCTE for the writes that begin a
+// step: they are also refused once a person asked to cancel the operation
+// — the check before each step (cancel.go) — unless the step is a
+// compensation (the boolean parameter between the two halves).
+const ownerBegin = `
+WITH owner AS (
+    SELECT id
+      FROM operations
+     WHERE id = $1
+       AND owner_token = $2 -- the fence
+       AND status IN ('IN_PROGRESS', 'RECOVERING')
+       AND (cancel_requested_at IS NULL OR `
+const ownerBeginEnd = `) -- 0 rows: cancelled before this step (true: a compensation)
+       FOR UPDATE
+)`
+
+// sqlStepsDone marks local steps ($4, names) DONE; $5: compensations.
+const sqlStepsDone = ownerBegin + `$5::bool` + ownerBeginEnd + `
 UPDATE operation_steps s
    SET state = 'DONE',
        finished_at = now(),
@@ -384,7 +417,7 @@ UPDATE operation_steps s
    AND s.state = 'PENDING' -- a step is done once
 RETURNING ` + stepColumns
 
-const sqlStepSkipped = ownerCTE + `
+const sqlStepSkipped = ownerBegin + `$6::bool` + ownerBeginEnd + `
 UPDATE operation_steps s
    SET state = 'DONE',
        answer = $5,
@@ -413,6 +446,7 @@ WITH owner AS (
      WHERE id = $1
        AND owner_token = $2 -- the fence
        AND status IN ('IN_PROGRESS', 'RECOVERING')
+       AND (cancel_requested_at IS NULL OR $9::bool) -- 0 rows: cancelled before this step ($9: a compensation)
     RETURNING id
 ),
 sent AS (
@@ -506,14 +540,18 @@ func (r *runner) writeStepScan(ctx context.Context, tx pgx.Tx, i int, sql string
 // owns the operation now: ErrLeaseLost) or a step not in the state the
 // write expects (a bug: what describes it).
 func (r *runner) whyNoRows(ctx context.Context, tx pgx.Tx, what string) error {
-	var owned bool
+	var owned, cancel bool
 	err := tx.QueryRow(ctx, `
 		SELECT owner_token IS NOT DISTINCT FROM $2::uuid
-		       AND status IN ('IN_PROGRESS', 'RECOVERING')
+		       AND status IN ('IN_PROGRESS', 'RECOVERING'),
+		       cancel_requested_at IS NOT NULL
 		  FROM operations
-		 WHERE id = $1`, r.op.ID, r.token).Scan(&owned)
+		 WHERE id = $1`, r.op.ID, r.token).Scan(&owned, &cancel)
 	if err != nil || !owned {
 		return ErrLeaseLost
+	}
+	if cancel {
+		return errCancelled // a begin-step write refused by the cancel mark
 	}
 	return fmt.Errorf("workflow: operation %d: %s, which this write does not expect", r.op.ID, what)
 }

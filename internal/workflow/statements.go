@@ -26,6 +26,9 @@ var statements = map[string]string{
 	"workflow.sqlDecide":           sqlDecide,
 	"workflow.sqlRetryRequested":   sqlRetryRequested,
 	"workflow.sqlCallbackTakeOver": sqlCallbackTakeOver,
+	"workflow.sqlRequestCancel":    sqlRequestCancel,
+	"workflow.sqlStepsCancelled":   sqlStepsCancelled,
+	"workflow.sqlCancelSetAside":   sqlCancelSetAside,
 }
 
 // statementNames is statements the other way round: the runner records a

@@ -1,0 +1,89 @@
+package web
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/operations"
+	"github.com/idemlab/idemlab/internal/workflow"
+)
+
+// cancelOperation runs operations.Cancel for the path's operation.
+func (app *App) cancelOperation(c echo.Context, answer answerer[workflow.Operation]) error {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	u, _ := userFrom(c)
+	ctx := c.Request().Context()
+	req := operations.CancelRequest{
+		OperationID: id,
+		Actor:       fmt.Sprintf("%s (%s)", u.Name, app.actor(c)),
+		DecidedBy:   u.Name,
+	}
+	return respond(c, answer, func(hooks workflow.Hooks[workflow.Operation]) error {
+		_, err := operations.Cancel(ctx, app.engine, app.pool, req, hooks)
+		return err
+	})
+}
+
+// handleCancelOperationAPI: POST /api/v1/operations/:id/cancel (admin,
+// Idempotency-Key). 202 the operation as marked + Location (it stops
+// before its next step; the outcome comes later: Prefer: wait, or GET it) ·
+// 409 not-live (finished, or waiting for a person) · 409
+// cancel-already-requested · 404.
+func (app *App) handleCancelOperationAPI(c echo.Context) error {
+	return app.cancelOperation(c, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return problemAnswer(c, refusal)
+		}
+		resp, err := idempotency.JSONResponse(http.StatusAccepted, op)
+		resp.Header.Set(echo.HeaderLocation, operationURL(op.ID))
+		return resp, err
+	})
+}
+
+// handleCancelOperationForm: POST /operations/:id/cancel (admin form, hidden
+// idempotency_key): back to the operation's page; a refusal is a page in
+// words.
+func (app *App) handleCancelOperationForm(c echo.Context) error {
+	return app.cancelOperation(c, func(c echo.Context, op workflow.Operation, refusal error) (idempotency.Response, error) {
+		if refusal != nil {
+			return app.refusalPage(c, refusal)
+		}
+		return redirectAnswer(fmt.Sprintf("/operations/%d", op.ID))
+	})
+}
+
+// cancelState says, in words a customer understands, where a cancel of op
+// stands ("" when nobody asked for one).
+func cancelState(op workflow.Operation) string {
+	if op.CancelRequestedAt == nil {
+		return ""
+	}
+	compensating, cancelledSteps := false, false
+	for _, s := range op.Steps {
+		switch {
+		case s.State == workflow.StepCancelled:
+			cancelledSteps = true
+		case cancelledSteps:
+			compensating = true
+		}
+	}
+	switch {
+	case op.Status == workflow.StatusFailed && compensating:
+		return "It was stopped after the other system had already done its part, and that part was undone: any money taken was refunded."
+	case op.Status == workflow.StatusFailed:
+		return "It was stopped before anything was done at another system. Nothing was charged or changed."
+	case op.Status == workflow.StatusNeedsReconciliation:
+		return "It was asked to stop, but the other system had already done its part and that cannot be undone automatically. A person is looking at it now."
+	case op.Status == workflow.StatusSucceeded:
+		return "It was asked to stop too late: it had already finished."
+	case compensating:
+		return "It was asked to stop after the other system had already done its part, so that part is being undone now (a payment is refunded)."
+	}
+	return "It was asked to stop. It stops before its next step; if a request to another system is already on its way, its answer is awaited first, and what it did is undone if it went through."
+}
