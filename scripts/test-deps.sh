@@ -39,10 +39,12 @@ need() {
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 		say "installing $pkg (for $bin)"
 		if [ -z "${apt_updated:-}" ]; then
-			apt-get update -q >/dev/null
+			apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null
 			apt_updated=1
 		fi
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null
+		# Another install (a second suite, the machine's own) holds dpkg's
+		# lock for a while: wait for it rather than fail.
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$pkg" >/dev/null
 		return
 	fi
 	missing+=("$pkg")

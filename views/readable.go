@@ -60,12 +60,32 @@ func ErrorSummary(text string) (summary, raw string) {
 	return summary, text
 }
 
-// errorReason says in words what a chain reports, for the usual causes.
+// errorReason says in words what a chain reports: the usual causes in
+// words of their own, otherwise the chain's words without its package
+// prefixes.
 func errorReason(who, chain string) string {
+	if chain == "" {
+		return ""
+	}
+	if r := knownCause(who, chain); r != "" {
+		return r
+	}
+	plain := chain
+	for {
+		next := chainStart.ReplaceAllString(plain, "$1")
+		if next == plain {
+			break
+		}
+		plain = next
+	}
+	return firstWords(plain, 120)
+}
+
+// knownCause names the usual causes of a failed call in words — a status
+// code, no answer in time, not reached, not found — or "" for any other.
+func knownCause(who, chain string) string {
 	lower := strings.ToLower(chain)
 	switch {
-	case chain == "":
-		return ""
 	case httpStatus.MatchString(chain):
 		code := httpStatus.FindStringSubmatch(chain)[1]
 		return who + " answered with an error (HTTP " + code + ")"
@@ -79,16 +99,23 @@ func errorReason(who, chain string) string {
 	case strings.Contains(lower, "not found"):
 		return "not found"
 	}
-	// Otherwise the chain's own words, without the package prefixes.
-	plain := chain
-	for {
-		next := chainStart.ReplaceAllString(plain, "$1")
-		if next == plain {
-			break
-		}
-		plain = next
+	return ""
+}
+
+// ErrorCause is the cause of the failure text records, as a sentence a
+// customer may read (ErrorSummary's reason for the usual causes), or ""
+// when it is none of those: the text itself is not for customers.
+func ErrorCause(text string) string {
+	loc := chainStart.FindStringIndex(text)
+	if loc == nil {
+		return ""
 	}
-	return firstWords(plain, 120)
+	chain := strings.TrimPrefix(text[loc[0]:], ": ")
+	who := "the other system"
+	if s, ok := systems[strings.SplitN(chain, ":", 2)[0]]; ok {
+		who = s
+	}
+	return capitalize(knownCause(who, chain))
 }
 
 // firstWords is s cut at a word boundary to about n characters.

@@ -306,9 +306,10 @@ func TestTasksNameReusedAfterWindowIsANewTaskTheInboxHolds(t *testing.T) {
 			t.Fatalf("after the window, event %d = %+v, want new tasks", i, r)
 		}
 	}
-	waitFor(t, 20*time.Second, "the inbox to catch both new tasks of every event", func() bool {
+	consumers := len(events.Consumers) // one task per consumer and event
+	waitFor(t, 20*time.Second, "the inbox to catch every consumer's new task of every event", func() bool {
 		for _, id := range ids {
-			if b.deliveries(t, id)[events.OutcomeDuplicate] != 2 {
+			if b.deliveries(t, id)[events.OutcomeDuplicate] != consumers {
 				return false
 			}
 		}
@@ -316,8 +317,8 @@ func TestTasksNameReusedAfterWindowIsANewTaskTheInboxHolds(t *testing.T) {
 	})
 	var rows int
 	b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM fake_tasks.tasks WHERE name = $1`, ids[0].String()).Scan(&rows)
-	if rows != 4 {
-		t.Errorf("%d tasks named %s, want 4 (two consumers, twice)", rows, ids[0])
+	if rows != 2*consumers {
+		t.Errorf("%d tasks named %s, want %d (each consumer's, twice)", rows, ids[0], 2*consumers)
 	}
 	b.assertOnce(t, ids)
 }

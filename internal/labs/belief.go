@@ -33,7 +33,7 @@ var beliefLab = &Lab{
 		{Key: "refused", Label: "handed to a person"},
 	},
 	Code: []CodeRef{
-		{Path: "internal/workflow/recover.go", Text: "if b.Idempotent {",
+		{Path: "internal/workflow/recover.go", Text: "if b.Idempotent && a.r.op.CancelRequestedAt == nil { // after a cancel, only asking",
 			Says: "the engine repeats an unknown call only on a system believed idempotent"},
 		{Path: "internal/workflow/recover.go", Text: "return a.backOff(ctx, i, BranchBackoff, seen+\"; \"+b.says()+\": calling again could apply it twice, so recovery asks again later\", 0, true)",
 			Says: "otherwise it backs off and, out of attempts, a person decides"},

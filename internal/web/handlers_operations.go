@@ -99,7 +99,7 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 		v.Operation, v.Timeline, v.Calls = customerOperation(v.Operation), customerTimeline(v.Timeline), customerCalls(v.Calls)
 		for name, t := range v.Truths {
 			if t.Error != "" {
-				t.Error = "the " + t.System + " did not answer the status query"
+				t.Error = statusFailure(t.System, t.Error)
 				v.Truths[name] = t
 			}
 		}

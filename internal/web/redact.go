@@ -9,6 +9,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
+	"github.com/idemlab/idemlab/views"
 )
 
 // What a customer may read of an operation. The error texts the workflow
@@ -112,18 +113,29 @@ func othersOperation(op workflow.Operation) workflow.Operation {
 }
 
 // customerCalls is the log of calls without owner tokens or error texts: a
-// status query that failed says only that the system did not answer it.
+// status query that failed says why in words (statusFailure).
 func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
 	out := make([]workflow.CallRecord, len(calls))
 	for i, c := range calls {
-		c.Detail = customerText(c.Detail)
 		if c.Kind == "status" && c.Truth == nil && c.Detail != "" {
-			c.Detail = "the " + c.System + " did not answer the status query"
+			c.Detail = statusFailure(c.System, c.Detail)
+		} else {
+			c.Detail = customerText(c.Detail)
 		}
 		c.OwnerToken = nil
 		out[i] = c
 	}
 	return out
+}
+
+// statusFailure is a failed status query as a customer reads it: its
+// cause in words ("The provider answered with an error (HTTP 503)"), or
+// that the system could not be asked — never the transport's text.
+func statusFailure(system, detail string) string {
+	if cause := views.ErrorCause(detail); cause != "" {
+		return cause
+	}
+	return "the " + system + " could not be asked"
 }
 
 // customerAnswer is what a customer reads of a step's answer: what it came
