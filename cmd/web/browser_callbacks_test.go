@@ -95,3 +95,13 @@ func TestBrowserWebhooksLab(t *testing.T) {
 	t.Parallel()
 	browseLabs(t, []string{"webhooks"})
 }
+
+// The ordering lab in the browser: the naive projection ends wrong beside
+// the versioned one, at 1280 and 390 px.
+func TestBrowserOrderingLab(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	t.Parallel()
+	browseLabs(t, []string{"ordering"})
+}

@@ -151,6 +151,7 @@ var catalogue = []*Lab{
 	statusLab,
 	timeoutsLab,
 	callbacksLab,
+	orderingLab,
 }
 
 // The lines are found once, at start-up: the embedded source cannot change.

@@ -319,6 +319,9 @@ var scratch = []string{
 	`DELETE FROM event_deliveries WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,
 	`DELETE FROM consumer_effects WHERE consumer LIKE 'run-' || $1::bigint || '-%'`,
 	`DELETE FROM external_systems WHERE name LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM histories WHERE key LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM history_events WHERE key LIKE 'run-' || $1::bigint || '-%'`,
+	`DELETE FROM history_parked WHERE key LIKE 'run-' || $1::bigint || '-%'`,
 }
 
 // cleanup deletes what the run wrote: its scratch rows, its fake systems'

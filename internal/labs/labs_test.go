@@ -246,3 +246,20 @@ func TestCodeReferencesPointAtTheirLines(t *testing.T) {
 		}
 	}
 }
+
+func TestOrderingLab(t *testing.T) {
+	t.Parallel()
+	l, db, user := setup(t)
+	for range repeats {
+		v := run(t, l, user, "ordering")
+		want(t, v["naive"], false, map[string]int{"deliveries": 4, "effects": 3, "parked": 0, "out_of_place": 2, "wrong": 1})
+		want(t, v["versioned"], true, map[string]int{"deliveries": 4, "effects": 3, "parked": 1, "out_of_place": 0, "wrong": 0})
+	}
+	// The run's scratch is gone: the projections, their events, the parked.
+	for _, table := range []string{"histories", "history_events", "history_parked", "inbox", "event_deliveries"} {
+		var n int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM labs.`+table).Scan(&n); err != nil || n != 0 {
+			t.Errorf("labs.%s keeps %d rows after the runs (%v)", table, n, err)
+		}
+	}
+}
