@@ -38,7 +38,7 @@ func writeCancelledEvent(t *testing.T, s *testServer) string {
 	}
 	var id string
 	err = pgx.BeginFunc(ctx, s.DB.Pool, func(tx pgx.Tx) error {
-		uid, err := events.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
+		uid, err := events.NewWriter(nil).Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
 			PolicyID: policyID, PolicyNumber: number, UserID: userID, OperationID: 1,
 			RefundKey: "1:refund", RefundAmount: premium, CancelledAt: time.Now()}))
 		id = uid.String()

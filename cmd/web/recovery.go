@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
@@ -22,12 +23,14 @@ import (
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
-// workflows is the step engine with every workflow registered, and the
+// workflows is the step engine with every workflow registered, the
+// booker (whose workflows commit once and need no engine), and the
 // recovery loop that finishes what they leave behind.
 type workflows struct {
 	engine    *workflow.Engine
 	canceller *policies.Canceller
 	deposits  *slots.Deposits
+	booker    *slots.Booker
 	recovery  *recovery.Loop
 }
 
@@ -43,8 +46,12 @@ func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provide
 	engine := workflow.NewEngine(pool, workflow.Config{
 		Lease: cfg.Recovery.Lease, Crash: crashes, Registerer: reg, Logger: logger.With("component", "workflow"),
 	})
-	w := &workflows{engine: engine, canceller: policies.NewCanceller(engine, p, pay),
-		deposits: slots.NewDeposits(engine, pay, cfg.DepositHold)}
+	// Every workflow writes its events through one writer: the crash
+	// switch's after_outbox_insert is in it.
+	outbox := events.NewWriter(crashes)
+	w := &workflows{engine: engine, canceller: policies.NewCanceller(engine, p, pay, outbox),
+		deposits: slots.NewDeposits(engine, pay, outbox, cfg.DepositHold)}
+	w.booker = slots.NewBooker(pool, outbox).WithDeposits(w.deposits)
 	rc := cfg.Recovery
 	rc.Instance, rc.Logger, rc.Registerer = cfg.InstanceID, logger.With("component", "recovery"), reg
 	w.recovery = recovery.New(engine, rc)

@@ -170,6 +170,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 		Idempotency:     idem,
 		Canceller:       wf.canceller,
 		Deposits:        wf.deposits,
+		Booker:          wf.booker,
 		Engine:          wf.engine,
 		Waiter:          waiter,
 		Recovery:        wf.recovery,
@@ -315,7 +316,6 @@ func armCrashes(cfg config, logger *slog.Logger) (*crash.Switch, error) {
 	if err := crashes.Arm(crash.Setting{At: crash.Point(cfg.CrashAt), Mode: crash.Mode(cfg.CrashMode)}); err != nil {
 		return nil, fmt.Errorf("CRASH_AT / CRASH_MODE: %w", err)
 	}
-	events.SetCrashSwitch(crashes) // events.Write passes after_outbox_insert
 	return crashes, nil
 }
 

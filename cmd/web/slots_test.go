@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -418,4 +419,41 @@ func TestRaceLabOverHTTP(t *testing.T) {
 		t.Errorf("the lab's slot shows in the grid")
 	}
 	assertInvariant3(t, s.DB)
+}
+
+// An admin arms "abandon" at after_outbox_insert, the events' own crash
+// point: run() hands its crash switch to the one events.Writer every
+// workflow writes through, so a booking is cut off after its event's
+// insert and before its commit — no booking, no event, no key — and the
+// same key books once disarmed.
+func TestAbandonAfterOutboxInsertLosesTheBookingAndItsEvent(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin",
+		Body: `{"at":"after_outbox_insert","mode":"abandon","once":true}`}); r.Status != 200 {
+		t.Fatalf("arm: %d %s", r.Status, r.Body)
+	}
+	slotID := freeSlot(t, s.DB, 0)
+	ctx := context.Background()
+	var eventsBefore int
+	s.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&eventsBefore)
+	// A body the Transport cannot rewind: one attempt, so the cut is seen.
+	req, _ := http.NewRequest("POST", fmt.Sprintf("%s/api/v1/slots/%d/book", s.URL, slotID), io.NopCloser(strings.NewReader("")))
+	req.Header.Set("Authorization", "Bearer demo-alice")
+	req.Header.Set("Idempotency-Key", "cut-after-the-outbox")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("abandoned booking answered %d", resp.StatusCode)
+	}
+	var bookings, outbox, keys int
+	s.DB.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bookings WHERE slot_id = $1),
+	                                (SELECT count(*) FROM outbox) - $2,
+	                                (SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'cut-after-the-outbox')`,
+		slotID, eventsBefore).Scan(&bookings, &outbox, &keys)
+	if bookings != 0 || outbox != 0 || keys != 0 {
+		t.Fatalf("after the cut: %d bookings, %d new events, %d keys; want none", bookings, outbox, keys)
+	}
+	if r := s.book("demo-alice", slotID, "cut-after-the-outbox", ""); r.Status != http.StatusCreated {
+		t.Fatalf("the same key once disarmed: %d %s", r.Status, r.Body)
+	}
 }

@@ -50,7 +50,7 @@ func drain(b *testing.B, transport string, n int) {
 	for written := 0; written < n; written += 100 {
 		err := pgx.BeginFunc(ctx, bd.db.Pool, func(tx pgx.Tx) error {
 			for i := written; i < min(written+100, n); i++ {
-				if _, err := events.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
+				if _, err := outbox.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
 					PolicyID: int64(i + 1), PolicyNumber: fmt.Sprintf("P-%d", i+1), UserID: bd.userID,
 					OperationID: int64(i + 1), RefundKey: fmt.Sprintf("%d:refund", i+1), RefundAmount: "1.00",
 					CancelledAt: time.Now()})); err != nil {
@@ -143,7 +143,7 @@ func lagAtRate(b *testing.B, transport string, rate, secs int) {
 	for i := range n {
 		<-tick.C
 		err := pgx.BeginFunc(ctx, bd.db.Pool, func(tx pgx.Tx) error {
-			_, err := events.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
+			_, err := outbox.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
 				PolicyID: int64(i + 1), PolicyNumber: fmt.Sprintf("P-%d", i+1), UserID: bd.userID,
 				OperationID: int64(i + 1), RefundKey: fmt.Sprintf("%d:refund", i+1), RefundAmount: "1.00",
 				CancelledAt: time.Now()}))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
@@ -147,14 +148,6 @@ const (
 // CrashPoints lists them for the crash switch.
 var CrashPoints = []crash.Point{CrashAfterOutboxInsert, CrashRelayAfterPublishBeforeMark, CrashConsumerAfterCommitBeforeAck}
 
-// writeCrash is the switch Write passes CrashAfterOutboxInsert to. Write is
-// called from every workflow's transaction, so the switch is process-wide:
-// run() sets it once (SetCrashSwitch).
-var writeCrash atomic.Pointer[crash.Switch]
-
-// SetCrashSwitch makes Write pass CrashAfterOutboxInsert to s.
-func SetCrashSwitch(s *crash.Switch) { writeCrash.Store(s) }
-
 var (
 	typePattern = regexp.MustCompile(`^[a-z]+(\.[a-z_]+)+$`)
 	keyPattern  = regexp.MustCompile(`^[a-z_]+:.+$`)
@@ -197,18 +190,37 @@ SELECT transport, created_at, seq,
 // writers not notifying meanwhile are relayed as promptly.
 const wakeEvery = 100 * time.Millisecond
 
+// Writer writes events into the outbox, in the caller's transaction. One
+// serves the whole process (run() makes it and hands it to every workflow):
+// it holds what the writers share — when one of them last woke the relays
+// of each database, the River client that inserts jobs, and the crash
+// switch Write passes CrashAfterOutboxInsert to.
+type Writer struct {
+	crash *crash.Switch
+	// wakes is, per database, when a writer last notified (UnixNano in an
+	// *atomic.Int64).
+	wakes sync.Map
+	// river is an insert-only River client, made at the first River event:
+	// no pool (InsertTx runs on the caller's transaction) and no workers,
+	// so one serves every database.
+	river func() (*river.Client[pgx.Tx], error)
+}
+
+// NewWriter returns a writer that passes CrashAfterOutboxInsert to crashes
+// (nil: never crashes).
+func NewWriter(crashes *crash.Switch) *Writer {
+	return &Writer{crash: crashes, river: sync.OnceValues(newRiverInserter)}
+}
+
 // wakeRelays is whether a writer on conn's database notifies now: the
 // first writer of each wakeEvery per database does.
-func wakeRelays(conn *pgx.Conn) bool {
+func (w *Writer) wakeRelays(conn *pgx.Conn) bool {
 	cfg := conn.Config()
-	v, _ := lastWake.LoadOrStore(fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), new(atomic.Int64))
+	v, _ := w.wakes.LoadOrStore(fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database), new(atomic.Int64))
 	last := v.(*atomic.Int64)
 	now, seen := time.Now().UnixNano(), last.Load()
 	return now-seen >= int64(wakeEvery) && last.CompareAndSwap(seen, now)
 }
-
-// lastWake is, per database, when a writer of this process last notified.
-var lastWake sync.Map
 
 // Write records e in the outbox inside tx — the caller's business
 // transaction — and returns its id. The event exists exactly when the
@@ -219,7 +231,7 @@ var lastWake sync.Map
 // commits, so a second writer of the same aggregate waits for it.
 // Errors: ErrInvalidEvent; a duplicate id is a unique violation (the
 // producer wrote this event already), returned wrapped.
-func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
 	if e.ID == uuid.Nil {
 		e.ID = uuid.Must(uuid.NewV7())
 	}
@@ -235,15 +247,15 @@ func Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, error) {
 	}
 	var transport string
 	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload}
-	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, &m.Seq, nil); err != nil {
+	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, w.wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, &m.Seq, nil); err != nil {
 		return uuid.Nil, fmt.Errorf("events: write %s %s: %w", e.Type, e.Key, err)
 	}
 	if transport == TransportRiver {
-		if err := insertJobs(ctx, tx, m); err != nil {
+		if err := w.insertJobs(ctx, tx, m); err != nil {
 			return uuid.Nil, err
 		}
 	}
-	writeCrash.Load().At(ctx, CrashAfterOutboxInsert)
+	w.crash.At(ctx, CrashAfterOutboxInsert)
 	return e.ID, nil
 }
 

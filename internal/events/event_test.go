@@ -28,7 +28,7 @@ func TestWriteCommitsWithTheTransaction(t *testing.T) {
 	var committed uuid.UUID
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		var err error
-		committed, err = events.Write(ctx, tx, cancelledEvent(1))
+		committed, err = outbox.Write(ctx, tx, cancelledEvent(1))
 		return err
 	})
 	if err != nil {
@@ -36,7 +36,7 @@ func TestWriteCommitsWithTheTransaction(t *testing.T) {
 	}
 	rolledBack := errors.New("roll back")
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		if _, err := events.Write(ctx, tx, cancelledEvent(2)); err != nil {
+		if _, err := outbox.Write(ctx, tx, cancelledEvent(2)); err != nil {
 			return err
 		}
 		return rolledBack
@@ -71,7 +71,7 @@ func TestWriteWithRiverInsertsOneJobPerConsumer(t *testing.T) {
 	}
 	var id uuid.UUID
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) (err error) {
-		id, err = events.Write(ctx, tx, cancelledEvent(1))
+		id, err = outbox.Write(ctx, tx, cancelledEvent(1))
 		return err
 	})
 	if err != nil {
@@ -100,7 +100,7 @@ func TestWriteRefusesBadEventsAndRepeatedIDs(t *testing.T) {
 	ctx := context.Background()
 	write := func(e events.Event) error {
 		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			_, err := events.Write(ctx, tx, e)
+			_, err := outbox.Write(ctx, tx, e)
 			return err
 		})
 	}
@@ -125,18 +125,18 @@ func TestWriteRefusesBadEventsAndRepeatedIDs(t *testing.T) {
 
 // The process dies inside the business transaction, after the outbox
 // insert and before the commit: the change and its event are lost
-// together. Not parallel: the Write crash switch is process-wide.
+// together. The crash switch is the test's own writer's.
 func TestCrashAfterOutboxInsertLosesChangeAndEventTogether(t *testing.T) {
+	t.Parallel()
 	db := testdb.New(t)
 	ctx := context.Background()
-	events.SetCrashSwitch(abandonAt(t, events.CrashAfterOutboxInsert))
-	defer events.SetCrashSwitch(nil)
+	outbox := events.NewWriter(abandonAt(t, events.CrashAfterOutboxInsert))
 	died := crashed(func() {
 		pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO users (name, api_token_sha256) VALUES ('the-change', sha256('x'))`); err != nil {
 				return err
 			}
-			_, err := events.Write(ctx, tx, cancelledEvent(1))
+			_, err := outbox.Write(ctx, tx, cancelledEvent(1))
 			return err
 		})
 	})

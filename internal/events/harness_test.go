@@ -18,6 +18,9 @@ import (
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
+// outbox is the tests' event writer, shared as a process shares one.
+var outbox = events.NewWriter(nil)
+
 type bundle struct {
 	db       *testdb.DB
 	nc       *nats.Conn
@@ -92,7 +95,7 @@ func (b *bundle) write(t testing.TB, n int) []uuid.UUID {
 	ids := make([]uuid.UUID, 0, n)
 	for i := range n {
 		err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
-			id, err := events.Write(context.Background(), tx, events.NewPolicyCancelled(events.PolicyCancelled{
+			id, err := outbox.Write(context.Background(), tx, events.NewPolicyCancelled(events.PolicyCancelled{
 				PolicyID: int64(i + 1), PolicyNumber: fmt.Sprintf("P-%d", i+1), UserID: b.userID,
 				OperationID: int64(100 + i), RefundKey: fmt.Sprintf("%d:refund", 100+i), RefundAmount: "10.50",
 				CancelledAt: time.Now(),

@@ -29,7 +29,7 @@ func TestWriteNumbersEachAggregateInCommitOrder(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-				_, err := events.Write(ctx, tx, events.Event{Type: events.TypeBookingConfirmed, Key: "booking:1", Payload: i})
+				_, err := outbox.Write(ctx, tx, events.Event{Type: events.TypeBookingConfirmed, Key: "booking:1", Payload: i})
 				return err
 			})
 			if err != nil {
@@ -41,11 +41,11 @@ func TestWriteNumbersEachAggregateInCommitOrder(t *testing.T) {
 	wg.Wait()
 	// A rolled-back write hands its place back: no gap.
 	pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		events.Write(ctx, tx, events.Event{Type: events.TypeBookingReleased, Key: "booking:1", Payload: 0})
+		outbox.Write(ctx, tx, events.Event{Type: events.TypeBookingReleased, Key: "booking:1", Payload: 0})
 		return fmt.Errorf("roll back")
 	})
 	pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		_, err := events.Write(ctx, tx, events.Event{Type: events.TypeBookingReleased, Key: "booking:2", Payload: 0})
+		_, err := outbox.Write(ctx, tx, events.Event{Type: events.TypeBookingReleased, Key: "booking:2", Payload: 0})
 		return err
 	})
 	rows, _ := db.Pool.Query(ctx, `SELECT key, seq FROM outbox ORDER BY key, seq`)
@@ -190,7 +190,7 @@ func TestHistoryInOrderUnderOutOfOrderOnNATSAndRiver(t *testing.T) {
 			var ids []uuid.UUID
 			for _, typ := range []string{events.TypeBookingHeld, events.TypeBookingConfirmed, events.TypeBookingReleased} {
 				err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-					id, err := events.Write(ctx, tx, events.Event{Type: typ, Key: "booking:7",
+					id, err := outbox.Write(ctx, tx, events.Event{Type: typ, Key: "booking:7",
 						Payload: events.BookingChanged{BookingID: 7, UserID: b.userID, At: time.Now()}})
 					ids = append(ids, id)
 					return err

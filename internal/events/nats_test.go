@@ -51,7 +51,7 @@ func TestRelayPublishesEventsCommittedInReverseOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Rollback(ctx)
-	early, err := events.Write(ctx, first, events.NewBookingConfirmed(events.BookingChanged{BookingID: 1, UserID: b.userID, At: time.Now()}))
+	early, err := outbox.Write(ctx, first, events.NewBookingConfirmed(events.BookingChanged{BookingID: 1, UserID: b.userID, At: time.Now()}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,15 +37,14 @@ func riverQueue(consumer string) string { return "events_" + consumer }
 // discards it (River's dead letter). Far more than any injector mode needs.
 const riverMaxAttempts = 25
 
-// inserter is an insert-only River client: no pool (InsertTx runs on the
-// caller's transaction) and no workers, so one serves every database.
-var inserter = sync.OnceValues(func() (*river.Client[pgx.Tx], error) {
+// newRiverInserter makes the Writer's insert-only River client.
+func newRiverInserter() (*river.Client[pgx.Tx], error) {
 	return river.NewClient(riverpgxv5.New(nil), &river.Config{})
-})
+}
 
 // insertJobs inserts m's deliveries, one per consumer, in tx.
-func insertJobs(ctx context.Context, tx pgx.Tx, m Message) error {
-	client, err := inserter()
+func (w *Writer) insertJobs(ctx context.Context, tx pgx.Tx, m Message) error {
+	client, err := w.river()
 	if err != nil {
 		return fmt.Errorf("events: river client: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/policies"
@@ -43,7 +44,7 @@ func BenchmarkCancelTransactions(b *testing.B) {
 		b.Fatal(err)
 	}
 	var rt testdb.RoundTrips
-	c := policies.NewCanceller(workflow.NewEngine(db.TracedPool(b, &rt), workflow.Config{}), confirmAtOnce{}, refundAtOnce{})
+	c := policies.NewCanceller(workflow.NewEngine(db.TracedPool(b, &rt), workflow.Config{}), confirmAtOnce{}, refundAtOnce{}, events.NewWriter(nil))
 	i := 0
 	for b.Loop() {
 		if i == len(list) {

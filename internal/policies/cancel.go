@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -47,14 +48,14 @@ func (e *DuplicateIntentError) Unwrap() error { return ErrDuplicateIntent }
 // cancellation is the workflow's definition: which steps, each local (in
 // the transaction of its neighbours) or external (a call, under its step
 // key, between transactions).
-func cancellation(p provider.Client, pay payments.Client) workflow.Definition {
+func (c *Canceller) cancellation(p provider.Client, pay payments.Client) workflow.Definition {
 	return workflow.Definition{
 		Type: OperationCancel,
 		Steps: []workflow.Step{
 			{Name: StepRecordIntent}, // written by startCancellation
 			{Name: StepProviderCancel, Call: providerCancel{p}, Refused: workflow.FailOperation},
 			{Name: StepMarkCancelled, Do: markCancelled},
-			{Name: StepPublishEvent, Do: publishCancelled},
+			{Name: StepPublishEvent, Do: c.publishCancelled},
 			// A refused refund cannot undo the cancellation: a person decides.
 			{Name: StepRefund, Call: paymentsRefund{pay}, Refused: workflow.Reconcile},
 			{Name: StepAudit, Do: audit},
@@ -70,18 +71,21 @@ func cancellation(p provider.Client, pay payments.Client) workflow.Definition {
 // CrashPoints lists where a process running a cancellation can be made to
 // die (CRASH_AT, PUT /api/v1/admin/crash), in the order a run passes them,
 // then the older names. docs/cancellation.md says what is durable at each.
-var CrashPoints = workflow.CrashPoints(cancellation(nil, nil))
+var CrashPoints = workflow.CrashPoints((&Canceller{}).cancellation(nil, nil))
 
 // Canceller runs cancellations on the workflow engine.
 type Canceller struct {
 	engine *workflow.Engine
+	outbox *events.Writer // writes policy.cancelled
 }
 
 // NewCanceller registers the cancellation workflow with engine, calling the
-// provider through p and the payments service through pay.
-func NewCanceller(engine *workflow.Engine, p provider.Client, pay payments.Client) *Canceller {
-	engine.Register(cancellation(p, pay))
-	return &Canceller{engine: engine}
+// provider through p and the payments service through pay, and writing
+// policy.cancelled through outbox.
+func NewCanceller(engine *workflow.Engine, p provider.Client, pay payments.Client, outbox *events.Writer) *Canceller {
+	c := &Canceller{engine: engine, outbox: outbox}
+	engine.Register(c.cancellation(p, pay))
+	return c
 }
 
 // CancelRequest is one request to cancel a policy.

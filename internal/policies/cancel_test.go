@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/netfault"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
@@ -78,7 +79,7 @@ func setupWithTimeout(t *testing.T, providerTimeout time.Duration) *bundle {
 	t.Cleanup(pay.CloseIdleConnections)
 	b.reg = prometheus.NewRegistry()
 	b.engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second, Registerer: b.reg})
-	b.canceller = policies.NewCanceller(b.engine, client, pay)
+	b.canceller = policies.NewCanceller(b.engine, client, pay, events.NewWriter(nil))
 
 	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.alice); err != nil {
 		t.Fatal(err)
@@ -391,7 +392,7 @@ func TestTheSameRequestRetriedGetsTheOperationAsItIs(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := workflow.NewEngine(b.db.Pool, workflow.Config{Lease: time.Minute, Crash: sw})
-	dying := policies.NewCanceller(engine, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+	dying := policies.NewCanceller(engine, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient), events.NewWriter(sw))
 	func() {
 		defer func() { recover() }() // the crash point abandons the request
 		dying.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "key-k", Actor: "request that died"},
@@ -531,7 +532,7 @@ func TestStepKeysAreTheSameWhoeverMakesTheCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	dying := policies.NewCanceller(workflow.NewEngine(b.db.Pool, workflow.Config{Lease: time.Minute, Crash: sw}),
-		provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+		provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient), events.NewWriter(sw))
 	func() {
 		defer func() { recover() }() // the crash point abandons the request
 		dying.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: crashed, RequestKey: "request-b", Actor: "request B"},
@@ -547,7 +548,7 @@ func TestStepKeysAreTheSameWhoeverMakesTheCall(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	restarted := workflow.NewEngine(pool, workflow.Config{})
-	policies.NewCanceller(restarted, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient))
+	policies.NewCanceller(restarted, provider.NewHTTPClient(b.url, patient), payments.NewHTTPClient(b.payURL, patient), events.NewWriter(nil))
 	cfg := recovery.DefaultConfig()
 	cfg.ClockSkew, cfg.Logger = 0, quiet
 	loop := recovery.New(restarted, cfg)
@@ -620,7 +621,7 @@ func TestADelayedOriginalIsNotAppliedTwice(t *testing.T) {
 	t.Cleanup(func() { proxy.Close() })
 	const timeout, held, skew = 400 * time.Millisecond, 1500 * time.Millisecond, 700 * time.Millisecond
 	engine := workflow.NewEngine(b.db.Pool, workflow.Config{Lease: 30 * time.Second})
-	c := policies.NewCanceller(engine, provider.NewHTTPClient(proxy.URL(), timeout), payments.NewHTTPClient(b.payURL, patient))
+	c := policies.NewCanceller(engine, provider.NewHTTPClient(proxy.URL(), timeout), payments.NewHTTPClient(b.payURL, patient), events.NewWriter(nil))
 	proxy.HoldNext(1, held, "POST ") // the request's call, and only it
 
 	op, err := c.Cancel(ctx, policies.CancelRequest{UserID: b.alice, PolicyID: pid, RequestKey: "k", Actor: "request"},

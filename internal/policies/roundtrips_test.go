@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/testdb"
@@ -48,7 +49,7 @@ func TestACancellationsRoundTrips(t *testing.T) {
 	var rt testdb.RoundTrips
 	pool := db.TracedPool(t, &rt)
 	store := idempotency.NewStore(pool, 30*time.Second, time.Hour)
-	c := policies.NewCanceller(workflow.NewEngine(pool, workflow.Config{}), confirmAtOnce{}, refundAtOnce{})
+	c := policies.NewCanceller(workflow.NewEngine(pool, workflow.Config{}), confirmAtOnce{}, refundAtOnce{}, events.NewWriter(nil))
 	rows, err := db.Pool.Query(ctx, `SELECT id, user_id FROM policies ORDER BY id LIMIT 2`)
 	if err != nil {
 		t.Fatal(err)

@@ -144,12 +144,12 @@ func (p paymentsRefund) Status(ctx context.Context, key string) (external.Truth,
 // publishCancelled is publish_event: policy.cancelled goes into the outbox
 // in the transaction that cancels the policy — both or neither — naming
 // the refund it owes by the refund step's key.
-func publishCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+func (c *Canceller) publishCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
 	r, err := refundOwed(ctx, tx, op.PolicyID)
 	if err != nil {
 		return "", err
 	}
-	id, err := events.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
+	id, err := c.outbox.Write(ctx, tx, events.NewPolicyCancelled(events.PolicyCancelled{
 		PolicyID: op.PolicyID, PolicyNumber: r.number, UserID: op.UserID, OperationID: op.ID,
 		RefundKey: workflow.StepKey(op.ID, StepRefund, op.Run), RefundAmount: r.amount, CancelledAt: time.Now().UTC(),
 	}))

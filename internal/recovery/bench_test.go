@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/payments"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider"
@@ -108,7 +109,7 @@ func tracedLoop(b *testing.B, bn *recoverytest.Bundle, name string, trips, commi
 	pay := payments.NewHTTPClient(bn.PayURL, bn.Timeout)
 	b.Cleanup(pay.CloseIdleConnections)
 	engine := workflow.NewEngine(pool, workflow.Config{Lease: 30 * time.Second, Logger: recoverytest.Quiet})
-	policies.NewCanceller(engine, client, pay)
+	policies.NewCanceller(engine, client, pay, events.NewWriter(nil))
 	rc := recovery.DefaultConfig()
 	rc.Instance, rc.Logger = name, recoverytest.Quiet
 	l := recovery.New(engine, rc)

@@ -78,33 +78,33 @@ func (e *CancelUnderWayError) Error() string {
 
 func (e *CancelUnderWayError) Unwrap() error { return ErrCancelUnderWay }
 
-func bookDeposit(pay payments.Client) workflow.Definition {
+func (d *Deposits) bookDeposit(pay payments.Client) workflow.Definition {
 	return workflow.Definition{
 		Type: OperationBookDeposit,
 		Steps: []workflow.Step{
 			// written by startHold; undone when the charge is known not to exist
-			{Name: StepHold, Undo: releaseHold},
+			{Name: StepHold, Undo: d.releaseHold},
 			{Name: StepChargeDeposit, Call: chargeDeposit{pay}, Refused: workflow.FailOperation, Abandon: holdTimeIsUp},
-			{Name: StepConfirm, Do: confirmHold},
+			{Name: StepConfirm, Do: d.confirmHold},
 		},
 		// Cancelled by a person once the charge went through: the charge
 		// is refunded under its own key, then the hold is let go. A
 		// refused refund leaves the money taken: a person decides.
 		Compensation: []workflow.Step{
 			{Name: StepRefundCharge, Call: refundDeposit{pay}, Refused: workflow.Reconcile},
-			{Name: StepReleaseCancelled, Do: releaseCancelled},
+			{Name: StepReleaseCancelled, Do: d.releaseCancelled},
 		},
 	}
 }
 
-func cancelDeposit(pay payments.Client) workflow.Definition {
+func (d *Deposits) cancelDeposit(pay payments.Client) workflow.Definition {
 	return workflow.Definition{
 		Type: OperationCancelDeposit,
 		Steps: []workflow.Step{
 			{Name: StepRequestCancel}, // written by startCancel
 			// A refused refund leaves the booking as it was: nothing to undo.
 			{Name: StepRefundDeposit, Call: refundDeposit{pay}, Refused: workflow.FailOperation},
-			{Name: StepReleaseSlot, Do: releaseRefunded},
+			{Name: StepReleaseSlot, Do: d.releaseRefunded},
 		},
 	}
 }
@@ -112,7 +112,7 @@ func cancelDeposit(pay payments.Client) workflow.Definition {
 // DepositCrashPoints lists where a process running the deposit saga can be
 // made to die (CRASH_AT, PUT /api/v1/admin/crash), booking then cancelling;
 // after_commit, which both pass, once.
-var DepositCrashPoints = UniquePoints(workflow.CrashPoints(bookDeposit(nil)), workflow.CrashPoints(cancelDeposit(nil)))
+var DepositCrashPoints = UniquePoints(workflow.CrashPoints((&Deposits{}).bookDeposit(nil)), workflow.CrashPoints((&Deposits{}).cancelDeposit(nil)))
 
 // UniquePoints concatenates lists of crash points, each point once, in the
 // order first met.
@@ -129,19 +129,21 @@ func UniquePoints(lists ...[]crash.Point) []crash.Point {
 // Deposits runs the deposit saga on the workflow engine.
 type Deposits struct {
 	engine *workflow.Engine
+	outbox *events.Writer // writes the booking's events
 	hold   time.Duration
 }
 
 // NewDeposits registers both workflows of the deposit saga with engine,
-// charging and refunding through pay. A hold is meant to last hold
-// (DefaultHold when ≤ 0).
-func NewDeposits(engine *workflow.Engine, pay payments.Client, hold time.Duration) *Deposits {
+// charging and refunding through pay and writing the booking's events
+// through outbox. A hold is meant to last hold (DefaultHold when ≤ 0).
+func NewDeposits(engine *workflow.Engine, pay payments.Client, outbox *events.Writer, hold time.Duration) *Deposits {
 	if hold <= 0 {
 		hold = DefaultHold
 	}
-	engine.Register(bookDeposit(pay))
-	engine.Register(cancelDeposit(pay))
-	return &Deposits{engine: engine, hold: hold}
+	d := &Deposits{engine: engine, outbox: outbox, hold: hold}
+	engine.Register(d.bookDeposit(pay))
+	engine.Register(d.cancelDeposit(pay))
+	return d
 }
 
 // Book runs a deposit booking for one request and returns the booking as
@@ -228,7 +230,7 @@ func (d *Deposits) startHold(ctx context.Context, tx pgx.Tx, req BookSlot, reque
 		if err != nil {
 			return workflow.Operation{}, false, fmt.Errorf("slots: hold: %w", err)
 		}
-		if _, err := events.Write(ctx, tx, events.NewBookingHeld(changed(bk, bk.CreatedAt))); err != nil {
+		if _, err := d.outbox.Write(ctx, tx, events.NewBookingHeld(changed(bk, bk.CreatedAt))); err != nil {
 			return workflow.Operation{}, false, err
 		}
 		return op, false, nil
@@ -264,7 +266,7 @@ func (d *Deposits) startHold(ctx context.Context, tx pgx.Tx, req BookSlot, reque
 // releaseHold is the hold's Undo — the compensation. It runs only in the
 // transaction that records the charge FAILED (refused, or known never
 // made), so the slot is freed exactly when the charge is known not to exist.
-func releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+func (d *Deposits) releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
 	bk, err := scanBooking(tx.QueryRow(ctx, `
 		UPDATE bookings
 		   SET status = 'FAILED',
@@ -289,7 +291,7 @@ func releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string,
 	if tag.RowsAffected() != 1 {
 		return "", fmt.Errorf("slots: booking %d does not hold slot %d", bk.ID, bk.SlotID)
 	}
-	if _, err := events.Write(ctx, tx, events.NewBookingHoldReleased(changed(bk, *bk.CancelledAt))); err != nil {
+	if _, err := d.outbox.Write(ctx, tx, events.NewBookingHoldReleased(changed(bk, *bk.CancelledAt))); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("slot %d AVAILABLE again, booking %d FAILED (booking.hold_released in the outbox)", bk.SlotID, bk.ID), nil
@@ -298,7 +300,7 @@ func releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string,
 // releaseCancelled is the booking's last compensation: the charge is
 // refunded, so the PENDING booking is CANCELLED and its hold let go, with
 // booking.hold_released, in the transaction that records the refund DONE.
-func releaseCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+func (d *Deposits) releaseCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
 	bk, err := scanBooking(tx.QueryRow(ctx, `
 		UPDATE bookings
 		   SET status = 'CANCELLED',
@@ -319,7 +321,7 @@ func releaseCancelled(ctx context.Context, tx pgx.Tx, op workflow.Operation) (st
 		   AND status = 'HELD' -- only this booking's hold`, bk.SlotID, bk.ID); err != nil {
 		return "", fmt.Errorf("slots: release cancelled booking %d: %w", bk.ID, err)
 	}
-	if _, err := events.Write(ctx, tx, events.NewBookingHoldReleased(changed(bk, *bk.CancelledAt))); err != nil {
+	if _, err := d.outbox.Write(ctx, tx, events.NewBookingHoldReleased(changed(bk, *bk.CancelledAt))); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("deposit refunded: booking %d CANCELLED, slot %d AVAILABLE again (booking.hold_released in the outbox)", bk.ID, bk.SlotID), nil
@@ -351,7 +353,7 @@ func holdTimeIsUp(ctx context.Context, tx pgx.Tx, op workflow.Operation, at *tim
 // confirmHold is confirm: the deposit is charged, so the booking is
 // CONFIRMED and its slot BOOKED, with booking.confirmed, in the transaction
 // that records the charge DONE.
-func confirmHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+func (d *Deposits) confirmHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
 	bk, err := scanBooking(tx.QueryRow(ctx, `
 		UPDATE bookings
 		   SET status = 'CONFIRMED'
@@ -374,7 +376,7 @@ func confirmHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string,
 	if tag.RowsAffected() != 1 {
 		return "", fmt.Errorf("slots: booking %d does not hold slot %d", bk.ID, bk.SlotID)
 	}
-	if _, err := events.Write(ctx, tx, events.NewBookingConfirmed(changed(bk, time.Now().UTC()))); err != nil {
+	if _, err := d.outbox.Write(ctx, tx, events.NewBookingConfirmed(changed(bk, time.Now().UTC()))); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("booking %d CONFIRMED, slot %d BOOKED (booking.confirmed in the outbox)", bk.ID, bk.SlotID), nil
@@ -471,7 +473,7 @@ func startCancel(ctx context.Context, tx pgx.Tx, req CancelBooking, owner workfl
 // releaseRefunded is release_slot: the deposit is refunded, so the booking
 // is CANCELLED and its slot free, with booking.released, in the
 // transaction that records the refund DONE.
-func releaseRefunded(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
+func (d *Deposits) releaseRefunded(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {
 	bk, err := scanBooking(tx.QueryRow(ctx, `
 		UPDATE bookings
 		   SET status = 'CANCELLED',
@@ -490,7 +492,7 @@ func releaseRefunded(ctx context.Context, tx pgx.Tx, op workflow.Operation) (str
 		   AND booking_id = $2 -- only if this booking still holds the slot`, bk.SlotID, bk.ID); err != nil {
 		return "", fmt.Errorf("slots: release booking %d: %w", bk.ID, err)
 	}
-	if _, err := events.Write(ctx, tx, events.NewBookingReleased(changed(bk, *bk.CancelledAt))); err != nil {
+	if _, err := d.outbox.Write(ctx, tx, events.NewBookingReleased(changed(bk, *bk.CancelledAt))); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("booking %d CANCELLED, slot %d AVAILABLE (booking.released in the outbox)", bk.ID, bk.SlotID), nil

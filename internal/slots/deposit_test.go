@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/payments"
@@ -81,8 +82,9 @@ func (s *saga) process(t *testing.T, sw *crash.Switch, timeout, hold time.Durati
 	pay := payments.NewHTTPClient(s.payURL, timeout)
 	t.Cleanup(pay.CloseIdleConnections)
 	engine := workflow.NewEngine(s.db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: sw, Logger: quiet})
-	d := slots.NewDeposits(engine, pay, hold)
-	return engine, d, slots.NewBooker(s.db.Pool).WithDeposits(d)
+	outbox := events.NewWriter(sw)
+	d := slots.NewDeposits(engine, pay, outbox, hold)
+	return engine, d, slots.NewBooker(s.db.Pool, outbox).WithDeposits(d)
 }
 
 func (s *saga) setFault(t *testing.T, change func(*fault.Fault)) {

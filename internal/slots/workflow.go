@@ -19,7 +19,7 @@ import (
 //	BEGIN
 //	  hooks.Begin        the request's Idempotency-Key is claimed
 //	  conditional write  UPDATE slots … WHERE status = 'AVAILABLE'
-//	  events.Write       booking.confirmed / booking.released, into the outbox
+//	  outbox.Write       booking.confirmed / booking.released, into the outbox
 //	  hooks.Finish       the answer — a booking or a refusal — is stored
 //	COMMIT
 //
@@ -27,15 +27,17 @@ import (
 // what this request answered. It has the shape of policies.Canceller, whose
 // work calls another system and therefore commits on each side of the call.
 type Booker struct {
-	pool  *pgxpool.Pool
-	store *Store
+	pool   *pgxpool.Pool
+	store  *Store
+	outbox *events.Writer // writes booking.confirmed and booking.released
 	// deposits books the slots that need a deposit (nil: such a booking fails).
 	deposits *Deposits
 }
 
-// NewBooker returns a Booker over pool.
-func NewBooker(pool *pgxpool.Pool) *Booker {
-	return &Booker{pool: pool, store: NewStore(pool)}
+// NewBooker returns a Booker over pool that writes its events through
+// outbox.
+func NewBooker(pool *pgxpool.Pool, outbox *events.Writer) *Booker {
+	return &Booker{pool: pool, store: NewStore(pool), outbox: outbox}
 }
 
 // WithDeposits makes b hand slots that need a deposit, and bookings paid
@@ -121,7 +123,7 @@ func (b *Booker) run(ctx context.Context, hooks workflow.Hooks[Booking], event f
 		case err != nil:
 			return err
 		}
-		if _, err := events.Write(ctx, tx, event(bk)); err != nil {
+		if _, err := b.outbox.Write(ctx, tx, event(bk)); err != nil {
 			return err
 		}
 		return hooks.RunFinish(ctx, tx, bk, nil)

@@ -80,7 +80,10 @@ type Deps struct {
 	Canceller   *policies.Canceller
 	// Deposits runs the deposit saga (slots that need a deposit).
 	Deposits *slots.Deposits
-	Engine   *workflow.Engine // runs every workflow; reads operations for the pages
+	// Booker books and releases slots, handing those that need a deposit
+	// to Deposits.
+	Booker *slots.Booker
+	Engine *workflow.Engine // runs every workflow; reads operations for the pages
 	// Waiter wakes requests that wait for an outcome (Prefer: wait=N); nil
 	// answers at once.
 	Waiter   *operations.Waiter
@@ -188,7 +191,7 @@ func New(cfg Config, d Deps) *App {
 		users:    users.NewStore(d.Pool),
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
-		booker:   slots.NewBooker(d.Pool).WithDeposits(d.Deposits),
+		booker:   d.Booker,
 		lab:      labs.NewRaceLab(d.Pool),
 		labs:     d.Labs,
 

@@ -18,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/demo"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/payments"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
@@ -72,7 +73,7 @@ func Setup(t testing.TB) *Bundle {
 	b.PayURL = paySrv.URL
 	b.Crashes = crash.New(policies.CrashPoints, Quiet)
 	b.Engine = workflow.NewEngine(db.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.Crashes})
-	b.Canceller = policies.NewCanceller(b.Engine, b.Client(t), b.PayClient(t, b.Timeout))
+	b.Canceller = policies.NewCanceller(b.Engine, b.Client(t), b.PayClient(t, b.Timeout), events.NewWriter(b.Crashes))
 	if err := db.Pool.QueryRow(ctx, `SELECT id FROM users WHERE name = 'alice'`).Scan(&b.Alice); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func (b *Bundle) PatientRequests(t testing.TB, payTimeout time.Duration) {
 	b.Engine = workflow.NewEngine(b.DB.Pool, workflow.Config{Lease: 30 * time.Second, Crash: b.Crashes})
 	patient := provider.NewHTTPClient(b.URL, b.Timeout)
 	t.Cleanup(patient.CloseIdleConnections)
-	b.Canceller = policies.NewCanceller(b.Engine, patient, b.PayClient(t, payTimeout))
+	b.Canceller = policies.NewCanceller(b.Engine, patient, b.PayClient(t, payTimeout), events.NewWriter(b.Crashes))
 }
 
 // Client is a provider client with ProviderTimeout's patience.
@@ -132,7 +133,7 @@ func (b *Bundle) Loop(t *testing.T, name string, tune func(*recovery.Config)) Wo
 	client := provider.NewHTTPClient(b.URL, b.Timeout)
 	t.Cleanup(client.CloseIdleConnections)
 	engine := workflow.NewEngine(pool, workflow.Config{Lease: 30 * time.Second, Logger: Quiet})
-	policies.NewCanceller(engine, client, b.PayClient(t, b.Timeout))
+	policies.NewCanceller(engine, client, b.PayClient(t, b.Timeout), events.NewWriter(nil))
 	cfg := recovery.DefaultConfig()
 	cfg.Instance = name
 	cfg.Logger = slog.New(slog.NewTextHandler(TestLog{t}, &slog.HandlerOptions{Level: slog.LevelError}))
