@@ -11,10 +11,10 @@ import (
 // zero time restores the database clock.
 func (s *Store) SetNow(t time.Time) {
 	if t.IsZero() {
-		s.now.Store(nil)
+		s.clock.Reset()
 		return
 	}
-	s.now.Store(&t)
+	s.clock.Set(t)
 }
 
 // RunOnce is runOnce.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,9 +74,9 @@ type Store struct {
 	// open transaction (lock_timeout on the INSERT); past it the duplicate
 	// is answered 409 request-in-progress.
 	claimWait time.Duration
-	// now, when set, replaces the database's now() in every query (tests move
-	// time with it instead of sleeping). nil means the database clock.
-	now atomic.Pointer[time.Time]
+	// clock is the $n of every query's coalesce($n::timestamptz, now()):
+	// the database's now() unless a test moves it (instead of sleeping).
+	clock database.Clock
 }
 
 // NewStore returns a store whose claims hold a lease of lease (how long an
@@ -92,9 +91,6 @@ func NewStore(pool *pgxpool.Pool, lease, ttl time.Duration) *Store {
 // first transaction holds no network call, so it normally ends within
 // milliseconds; the bound is for an original stuck on a lock.
 const DefaultClaimWait = 2 * time.Second
-
-// clock is the $n argument every query passes to coalesce($n::timestamptz, now()).
-func (s *Store) clock() *time.Time { return s.now.Load() }
 
 // Claim is the right to execute one request: the key's current owner token.
 // The workflow gets it from Attempt.Claim in its first transaction and
@@ -147,7 +143,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, userID int64, key string, 
 		-- 0 rows: the key exists, someone else owns or owned it
 		ON CONFLICT (user_id, idempotency_key) DO NOTHING
 		RETURNING owner_token`,
-		userID, key, fingerprint, s.clock(), s.lease, s.ttl)
+		userID, key, fingerprint, s.clock.Arg(), s.lease, s.ttl)
 	var mine bool
 	claimed.QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&c.token)
@@ -198,7 +194,7 @@ func (s *Store) TakeOver(ctx context.Context, tx pgx.Tx, userID int64, key strin
 		   AND lease_expires_at < clock.now
 		-- 0 rows: the owner is alive, it completed, or someone else took over first
 		RETURNING owner_token`,
-		userID, key, fingerprint, s.clock(), s.lease, s.ttl,
+		userID, key, fingerprint, s.clock.Arg(), s.lease, s.ttl,
 	).Scan(&c.token)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -243,7 +239,7 @@ func (s *Store) Complete(ctx context.Context, tx database.DBTX, c *Claim, resp R
 		   AND owner_token = $3
 		   AND status = 'IN_PROGRESS'
 		-- 0 rows: lease lost (taken over or purged): the caller rolls back`,
-		c.UserID, c.Key, c.token, resp.status(), header, body, s.clock(), s.ttl)
+		c.UserID, c.Key, c.token, resp.status(), header, body, s.clock.Arg(), s.ttl)
 	if err != nil {
 		return fmt.Errorf("idempotency: complete: %w", err)
 	}
@@ -276,7 +272,7 @@ func (s *Store) EndLease(ctx context.Context, c *Claim) error {
 		   AND owner_token = $3
 		   AND status = 'IN_PROGRESS'
 		-- 0 rows: lease lost, the key completed, or the claim rolled back`,
-		c.UserID, c.Key, c.token, s.clock())
+		c.UserID, c.Key, c.token, s.clock.Arg())
 	if err != nil {
 		return fmt.Errorf("idempotency: end lease: %w", err)
 	}
@@ -307,7 +303,7 @@ func (s *Store) Lookup(ctx context.Context, userID int64, key string) (*Record, 
 		       (SELECT coalesce($3::timestamptz, now()) AS now) AS clock
 		 WHERE user_id = $1
 		   AND idempotency_key = $2`,
-		userID, key, s.clock(),
+		userID, key, s.clock.Arg(),
 	).Scan(&r.Fingerprint, &r.Status, &r.LeaseExpired, &status, &r.Response.Header, &r.Response.Body, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
@@ -339,7 +335,7 @@ func (s *Store) Purge(ctx context.Context, batch int) (int, error) {
 		         LIMIT $1
 		           -- skip rows someone holds: two janitors never wait on each other
 		           FOR UPDATE SKIP LOCKED)`,
-		batch, s.clock())
+		batch, s.clock.Arg())
 	if err != nil {
 		return 0, fmt.Errorf("idempotency: purge: %w", err)
 	}

@@ -21,9 +21,9 @@ type JanitorConfig struct {
 	BatchSize int
 	// MaxBatches bounds one run. Default 100.
 	MaxBatches int
-	// Now, when set, is the clock the cutoff is measured from (tests move
-	// time instead of waiting a month); nil: the database's now().
-	Now func() time.Time
+	// Clock is the clock the cutoff is measured from: nil, the database's
+	// now(); tests move it instead of waiting a month.
+	Clock *database.Clock
 	// Logger receives failed runs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -130,12 +130,7 @@ DELETE FROM operations o
 
 // purge purges one batch and returns how many operations it removed.
 func (j *Janitor) purge(ctx context.Context) (int, error) {
-	var now *time.Time
-	if j.cfg.Now != nil {
-		t := j.cfg.Now()
-		now = &t
-	}
-	tag, err := j.db.Exec(ctx, sqlPurge, now, j.cfg.Retention.Seconds(), j.cfg.BatchSize)
+	tag, err := j.db.Exec(ctx, sqlPurge, j.cfg.Clock.Arg(), j.cfg.Retention.Seconds(), j.cfg.BatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("operations: purge: %w", err)
 	}

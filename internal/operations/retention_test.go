@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
@@ -45,7 +46,7 @@ func TestJanitorPurgesFinishedOperationsOnly(t *testing.T) {
 	// that finished (SUCCEEDED, FAILED) are due; 21–25 finished later.
 	j := operations.NewJanitor(db.Pool, operations.JanitorConfig{
 		Retention: 30 * 24 * time.Hour, BatchSize: 4,
-		Now: func() time.Time { return time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC) },
+		Clock: clockAt(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)),
 	})
 	purged, err := j.RunOnce(ctx)
 	if err != nil {
@@ -104,7 +105,7 @@ func TestJanitorKeepsTheChargeOfABookingThatStands(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := operations.NewJanitor(db.Pool, operations.JanitorConfig{
-		Now: func() time.Time { return time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC) },
+		Clock: clockAt(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)),
 	})
 	if purged, err := j.RunOnce(ctx); err != nil || purged != 1 {
 		t.Fatalf("purged %d, %v; want only the cancelled booking's", purged, err)
@@ -113,4 +114,11 @@ func TestJanitorKeepsTheChargeOfABookingThatStands(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT booking_id FROM operations`).Scan(&left); err != nil || left != 1 {
 		t.Fatalf("left the operation of booking %d (%v), want booking 1's (CONFIRMED)", left, err)
 	}
+}
+
+// clockAt is a database clock that reads t.
+func clockAt(t time.Time) *database.Clock {
+	c := &database.Clock{}
+	c.Set(t)
+	return c
 }
