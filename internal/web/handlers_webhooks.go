@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -26,8 +27,8 @@ var callbackSystems = map[string]bool{"provider": true, "payments": true}
 // newCallbackCounter counts every callback by system and what became of it:
 // applied, noted, stale, unknown_step, duplicate, deferred (409: the
 // request still waits for the call's own answer), and the refusals —
-// refused_missing, refused_signature, refused_stale, refused_invalid — that
-// wrote nothing.
+// refused_oversized, refused_missing, refused_signature, refused_stale,
+// refused_invalid — that wrote nothing.
 func newCallbackCounter(reg *prometheus.Registry) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemlab_callbacks_total",
@@ -41,6 +42,7 @@ func newCallbackCounter(reg *prometheus.Registry) *prometheus.CounterVec {
 // payments. In order, each refusal writing nothing:
 //
 //	unknown system                          404 not-found
+//	body over maxCallbackBody               413 body-too-large
 //	a signature header missing              400 webhook-unsigned
 //	signature does not match (forged)       401 webhook-signature
 //	timestamp outside ±5 min (replayed)     401 webhook-stale
@@ -50,6 +52,11 @@ func newCallbackCounter(reg *prometheus.Registry) *prometheus.CounterVec {
 // and otherwise 200 with what the callback did (workflow.Callback): applied,
 // noted, stale, unknown_step or duplicate — each the end of this event, so
 // the sender stops.
+// maxCallbackBody bounds a callback's body far below BODY_LIMIT: one event
+// (an id and a key of at most 200 characters, a reason of at most 1000) is
+// well under it.
+const maxCallbackBody = 16 << 10
+
 func (app *App) handleWebhook(c echo.Context) error {
 	system := c.Param("system")
 	if !callbackSystems[system] {
@@ -59,6 +66,13 @@ func (app *App) handleWebhook(c echo.Context) error {
 		return problem.New(http.StatusNotFound, "not-found", "Callbacks are off", "this instance has no webhook secret")
 	}
 	body, _ := io.ReadAll(c.Request().Body) // read in full by limitBody
+	if len(body) > maxCallbackBody {
+		// Refused before the HMAC is computed over it: a forger's megabyte
+		// costs a length check, not a hash.
+		app.callbacks.WithLabelValues(system, "refused_oversized").Inc()
+		return problem.New(http.StatusRequestEntityTooLarge, "body-too-large", "Callback too large",
+			fmt.Sprintf("a callback event is at most %d bytes: nothing was applied", maxCallbackBody))
+	}
 	id, err := webhook.Verify(c.Request().Header, app.webhookSecret, body, time.Now(), webhook.Tolerance)
 	if err != nil {
 		outcome, p := "refused_signature", problem.New(http.StatusUnauthorized, "webhook-signature", "Signature does not match",

@@ -51,6 +51,7 @@ func TestWebhookRouteRefusesForgedStaleAndMalformedCallbacks(t *testing.T) {
 		_ = json.Unmarshal(raw, &p)
 		return rec.Code, p.Type, p.Outcome
 	}
+	oversized := []byte(`{"id":"e1","key":"404:provider_cancel","status":"COMPLETED","attempt":1,"reason":"` + strings.Repeat("x", 64<<10) + `"}`)
 	signed := func(id string, at time.Time, body []byte, key []byte) func(http.Header) {
 		return func(hd http.Header) { webhook.SetHeaders(hd, key, id, at, body) }
 	}
@@ -65,6 +66,7 @@ func TestWebhookRouteRefusesForgedStaleAndMalformedCallbacks(t *testing.T) {
 	}{
 		{"unknown system", "bank", event("e1"), signed("e1", now, event("e1"), secret), 404, "not-found", ""},
 		{"unsigned", "provider", event("e1"), nil, 400, "webhook-unsigned", "refused_missing"},
+		{"oversized: signed, but 64 KiB of reason", "provider", oversized, signed("e1", now, oversized, secret), 413, "body-too-large", "refused_oversized"},
 		{"forged: another secret", "provider", event("e1"), signed("e1", now, event("e1"), []byte("guess")), 401, "webhook-signature", "refused_signature"},
 		{"forged: body changed after signing", "provider", event("e2"), signed("e1", now, event("e1"), secret), 401, "webhook-signature", "refused_signature"},
 		{"stale: signed 10 minutes ago (a replay)", "provider", event("e1"), signed("e1", now.Add(-10*time.Minute), event("e1"), secret), 401, "webhook-stale", "refused_stale"},
