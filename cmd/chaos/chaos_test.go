@@ -56,7 +56,7 @@ func TestChaosSoakBreaksNoPromise(t *testing.T) {
 		injected[f.Kind]++
 	}
 	for _, kind := range []string{history.Kill, history.CrashKill, history.Pause, history.Delay, history.Hold,
-		history.Flip, history.Belief, history.DBRestart, history.DBDown} {
+		history.Flip, history.Belief, history.DBRestart, history.DBDown, history.Callbacks, history.Reorder} {
 		if injected[kind] == 0 {
 			t.Errorf("no %s in this run (faults by kind: %v): the soak must exercise every kind once", kind, injected)
 		}

@@ -40,6 +40,8 @@ type config struct {
 	FailoverEvery      time.Duration // 0: one database server, no failover
 	NATSNodes          int           // nats-servers routed as one JetStream cluster (EVENTS_REPLICAS)
 	NATSKillEvery      time.Duration // SIGKILL of one NATS node (0: none)
+	CallbackEvery      time.Duration // a new callback mode at a fake (0: -callbacks throughout)
+	ReorderEvery       time.Duration // the history consumer's next deliveries sent back (0: none)
 
 	// The app's settings for the run: short leases and quick recovery, so
 	// a 1–4 s pause outlives a lease and a handed-over operation is
@@ -105,8 +107,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.Transport, "transport", events.TransportNATS, "EVENTS_TRANSPORT of the app: "+strings.Join(events.Transports, " or ")+
 		" (nats: the run starts its own nats-server; kafka, tasks: `web kafka`, `web tasks` as a process of their own); "+
 		"a comma-separated list, or all, rotates it: one whole run per transport, in turn, each in its own folder under -out")
-	fs.StringVar(&c.Callbacks, "callbacks", "off", "the fakes' callback mode: off, ok, duplicate, delay, reorder or lost (docs/provider.md); "+
+	fs.StringVar(&c.Callbacks, "callbacks", "ok", "the fakes' callback mode at the start: off, ok, duplicate, delay, reorder or lost (docs/provider.md); "+
 		"on, both fakes call app-1 back at POST /webhooks/{system}, racing recovery for every step whose outcome is unknown")
+	fs.DurationVar(&c.CallbackEvery, "callback-every", 8*time.Second, "mean time between callback-mode changes at a fake, drawn from ok, duplicate, delay, reorder and lost (0: -callbacks throughout)")
+	fs.DurationVar(&c.ReorderEvery, "reorder-every", 6*time.Second, "mean time between armings of the events' out_of_order injector for the next 3–12 deliveries to the history consumer (0: none)")
 	fs.Var((*envFlags)(&c.AppEnv), "env", "extra KEY=value for the app instances (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -174,7 +178,7 @@ func (c config) settings() []string {
 		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s nats-nodes=%d nats-kill-every=%s",
 			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery, c.NATSNodes, c.NATSKillEvery),
-		fmt.Sprintf("EVENTS_TRANSPORT=%s callbacks=%s", c.Transport, c.Callbacks),
+		fmt.Sprintf("EVENTS_TRANSPORT=%s callbacks=%s callback-every=%s reorder-every=%s", c.Transport, c.Callbacks, c.CallbackEvery, c.ReorderEvery),
 		fmt.Sprintf("IDEMPOTENCY_LEASE=OPERATION_LEASE=%s PROVIDER_TIMEOUT=PAYMENTS_TIMEOUT=%s RECOVERY_INTERVAL=%s %s", c.Lease, c.ProviderTimeout, c.RecoveryInterval, strings.Join(c.AppEnv, " ")),
 	}
 }

@@ -300,6 +300,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 		HoldShare: r.cfg.HoldShare, NotIdempotentShare: r.cfg.NotIdempotentShare,
 		PauseEvery: r.cfg.PauseEvery, DelayEvery: r.cfg.DelayEvery, FlipEvery: r.cfg.FlipEvery,
 		DBEvery: r.cfg.DBEvery, FailoverEvery: r.cfg.FailoverEvery, NATSKillEvery: r.cfg.NATSKillEvery, CrashPoints: points, ProviderTimeout: r.cfg.ProviderTimeout,
+		CallbackEvery: r.cfg.CallbackEvery, ReorderEvery: r.cfg.ReorderEvery,
 	}, nemesis.Targets{
 		Apps:       r.apps,
 		Fakes:      r.fakes,

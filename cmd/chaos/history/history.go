@@ -101,18 +101,20 @@ func (in *Intent) FinalAnswer() *Attempt {
 
 // Fault kinds, as the report and the figures name them.
 const (
-	Kill      = "kill"        // SIGKILL at a random moment
-	CrashKill = "crash-kill"  // died at an armed crash point
-	Pause     = "pause"       // SIGSTOP … SIGCONT
-	Delay     = "net-delay"   // the proxy delays traffic between app and a fake
-	Hold      = "net-hold"    // the proxy holds the next calls past the client's timeout
-	Flip      = "fault-flip"  // a fake's fault mode (and idempotency) changed
-	Belief    = "belief"      // the app was told whether a fake is idempotent
-	DBRestart = "db-restart"  // pg_ctl restart -m immediate
-	DBDown    = "db-down"     // the database stopped for a while
-	Failover  = "db-failover" // the primary killed, its synchronous standby promoted
-	Exit      = "exit"        // a process ended on its own: always a finding
-	Heal      = "heal"        // every fault lifted
+	Kill      = "kill"          // SIGKILL at a random moment
+	CrashKill = "crash-kill"    // died at an armed crash point
+	Pause     = "pause"         // SIGSTOP … SIGCONT
+	Delay     = "net-delay"     // the proxy delays traffic between app and a fake
+	Hold      = "net-hold"      // the proxy holds the next calls past the client's timeout
+	Flip      = "fault-flip"    // a fake's fault mode (and idempotency) changed
+	Belief    = "belief"        // the app was told whether a fake is idempotent
+	Callbacks = "callback-mode" // a fake's callback mode changed (ok, duplicate, delay, reorder, lost)
+	Reorder   = "event-reorder" // the history consumer's next deliveries sent back: later events overtake them
+	DBRestart = "db-restart"    // pg_ctl restart -m immediate
+	DBDown    = "db-down"       // the database stopped for a while
+	Failover  = "db-failover"   // the primary killed, its synchronous standby promoted
+	Exit      = "exit"          // a process ended on its own: always a finding
+	Heal      = "heal"          // every fault lifted
 )
 
 // Fault is one thing the nemesis did (or one process exit nobody caused).

@@ -45,6 +45,11 @@ type Config struct {
 	// NATSKillEvery: SIGKILL of one node of the JetStream cluster, never
 	// two at once (a majority keeps the stream).
 	NATSKillEvery time.Duration
+	// CallbackEvery: a new callback mode at a fake (ok, duplicate, delay,
+	// reorder, lost). ReorderEvery: the next few deliveries to the history
+	// consumer sent back, so later events of their aggregate overtake them.
+	CallbackEvery time.Duration
+	ReorderEvery  time.Duration
 	// CrashPoints are the points a crash kill may arm.
 	CrashPoints []string
 	// HoldShare is the share of network windows that hold calls instead of
@@ -144,6 +149,8 @@ func (n *Nemesis) Run(ctx context.Context) {
 	every(5, n.cfg.DBEvery, n.restartDB)
 	every(6, n.cfg.FailoverEvery, n.failover)
 	every(7, n.cfg.NATSKillEvery, n.killNATS)
+	every(8, n.cfg.CallbackEvery, n.flipCallbacks)
+	every(9, n.cfg.ReorderEvery, n.reorder)
 	loops.Wait()
 	n.actions.Wait()
 }
@@ -385,6 +392,7 @@ func (n *Nemesis) Heal(ctx context.Context) error {
 			return err
 		}
 	}
+	n.clearReorder(ctx) // out_of_order only delays; cleared so the drain is not slowed
 	// A crash point armed by CRASH_AT in a run that started during the heal.
 	for _, app := range n.t.Apps {
 		n.app.disarmCrash(ctx, app.URL())

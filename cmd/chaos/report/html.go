@@ -43,6 +43,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}code,pre{font-size:.85re
 	row("network delay windows", s.DelayWindows(), fmt.Sprintf("%d of delay, %d of held calls", s.Faults[history.Delay], s.Faults[history.Hold]))
 	row("database restarts", s.DBRestarts(), fmt.Sprintf("%d immediate, %d down for a while", s.Faults[history.DBRestart], s.Faults[history.DBDown]))
 	row("fault flips", s.Faults[history.Flip], fmt.Sprintf("belief changes %d", s.Faults[history.Belief]))
+	row("callback mode changes", s.Faults[history.Callbacks], fmt.Sprintf("%d reorders of the history consumer's deliveries", s.Faults[history.Reorder]))
 	row("processes ending on their own", s.Faults[history.Exit], "")
 	row("intents", sum(s.Intents), counts(s.Intents))
 	row("requests", s.Requests, "")

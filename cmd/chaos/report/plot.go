@@ -21,6 +21,8 @@ var lanes = []struct {
 	{history.Hold, "held calls", "#0e7490"},
 	{history.Flip, "fault flip", "#a16207"},
 	{history.Belief, "belief", "#4d7c0f"},
+	{history.Callbacks, "callback mode", "#6d28d9"},
+	{history.Reorder, "event reorder", "#0f766e"},
 	{history.DBRestart, "db restart", "#c2410c"},
 	{history.DBDown, "db down", "#9a3412"},
 	{history.Failover, "db failover", "#be123c"},

@@ -157,6 +157,7 @@ func (s Summary) Text(w io.Writer) {
 		fmt.Fprintf(w, "  db failovers    %d (the primary killed, the synchronous standby promoted)\n", n)
 	}
 	fmt.Fprintf(w, "  fault flips     %d (belief changes %d)\n", s.Faults[history.Flip], s.Faults[history.Belief])
+	fmt.Fprintf(w, "  callbacks       %d mode changes; %d reorders of the history consumer's deliveries\n", s.Faults[history.Callbacks], s.Faults[history.Reorder])
 	fmt.Fprintf(w, "  exits on own    %d\n", s.Faults[history.Exit])
 	fmt.Fprintf(w, "  intents         %d (%s)\n", sum(s.Intents), counts(s.Intents))
 	fmt.Fprintf(w, "  requests        %d\n", s.Requests)
