@@ -38,10 +38,11 @@ test-short: ## the tier to run while working: go test -short (no browser, chaos 
 	scripts/test-deps.sh short
 	set -o pipefail; go test -short -count=1 -p $(TEST_P) -timeout 5m ./... 2>&1 | awk -f scripts/timeouts.awk
 
-generate: ## regenerate templ components (*_templ.go are committed)
+generate: ## regenerate templ components (*_templ.go) and migrations/schema.sql, both committed
 	go tool templ generate
+	scripts/schema.sh
 
-lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files up to date, govulncheck (VULNDB=… for a copy of its database)
+lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files and schema.sql up to date, govulncheck (VULNDB=… for a copy of its database)
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt: these files need formatting:"; echo "$$unformatted"; exit 1; \
@@ -56,6 +57,7 @@ lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files up to da
 	if [ -n "$$untracked" ]; then \
 		echo "lint: generated but not committed:"; echo "$$untracked"; exit 1; \
 	fi
+	scripts/schema.sh check
 	scripts/vulncheck.sh
 
 bench: ## pgbench floor vs the app over HTTP, replay, booking contention, recovery (docs/performance.md)

@@ -4,7 +4,8 @@ package migrations
 
 import "embed"
 
-// FS holds every numbered migration, in goose's SQL format.
+// FS holds every numbered migration, in goose's SQL format (schema.sql,
+// the current schema generated from them for readers, is not one).
 //
-//go:embed *.sql
+//go:embed 0*.sql
 var FS embed.FS
