@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"html"
 	"net/http/cookiejar"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/idemlab/idemlab/internal/invariants"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	"github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/reconciliation"
 )
 
 func cancelOpReq(opID int64, token, key string) request {
@@ -134,6 +138,45 @@ func TestAdminCancelsALiveOperationAfterItsStepTookEffect(t *testing.T) {
 	if s.effects(t, pid) != 1 {
 		t.Errorf("provider effects %d, want 1 (the call already sent, never sent again)", s.effects(t, pid))
 	}
+	// The desk and the operation page say what happened (issue 29's second
+	// read): cancelled after an effect — not "mark_cancelled at " with no
+	// system, not "the outcome of refund is not known", not "Cancelled."
+	// while it waits; nothing to ask, and the one decision the engine allows.
+	var d struct {
+		ByReason map[string]int `json:"by_reason"`
+		Items    []struct {
+			OperationID int64                 `json:"operation_id"`
+			Reason      string                `json:"reason"`
+			Advice      reconciliation.Advice `json:"advice"`
+		} `json:"items"`
+	}
+	s.do(request{Method: "GET", Path: "/api/v1/reconciliation", Token: "demo-admin"}).JSON(t, &d)
+	if len(d.Items) != 1 || d.Items[0].Reason != "cancelled" || d.ByReason["cancelled"] != 1 || d.ByReason["inconsistent"] != 0 {
+		t.Errorf("the desk: %+v; want one item, reason cancelled", d)
+	} else {
+		a := d.Items[0].Advice
+		for _, c := range a.Actions {
+			if c.Enabled != (c.Action == "retry") {
+				t.Errorf("%s enabled=%t: the engine allows only handing it back (%s)", c.Action, c.Enabled, c.Disabled)
+			}
+		}
+	}
+	desk := pageText(s.adminPage(t, "/reconciliation").Body)
+	for _, want := range []string{"cancelled before mark_cancelled, after provider_cancel at provider had taken effect", "cancelled after an effect 1"} {
+		if !strings.Contains(desk, want) {
+			t.Errorf("the desk does not say %q", want)
+		}
+	}
+	for _, wrong := range []string{"Waiting for a person: mark_cancelled", "Mark_cancelled was in a state", "whether received", "yourself", "Ask again for all"} {
+		if strings.Contains(desk, wrong) {
+			t.Errorf("the desk says %q of a cancel after an effect", wrong)
+		}
+	}
+	page := pageText(s.adminPage(t, fmt.Sprintf("/operations/%d", live.ID)).Body)
+	if !strings.Contains(page, "Cancel requested.") || strings.Contains(page, "Cancelled.") ||
+		!strings.Contains(page, "cancelled before mark_cancelled") || strings.Contains(page, "the outcome of refund") {
+		t.Errorf("the operation page of a cancel waiting for a person says:\n%s", page)
+	}
 	if r := s.do(cancelOpReq(live.ID, "demo-admin", "stop-3")); r.Status != 409 || r.problemType() != "cancel-already-requested" {
 		t.Errorf("cancelling again: %d %s", r.Status, r.Body)
 	}
@@ -246,4 +289,12 @@ func TestAdminCancelsADepositBookingAndItIsCompensated(t *testing.T) {
 	if err != nil || !rep.OK {
 		t.Fatalf("invariants: %v %+v", err, rep.Violations)
 	}
+}
+
+var tags = regexp.MustCompile(`(?s)<script.*?</script>|<[^>]*>`)
+
+// pageText is what a reader of an HTML page reads: its text, tags gone,
+// entities decoded, runs of white space one space.
+func pageText(body []byte) string {
+	return strings.Join(strings.Fields(html.UnescapeString(tags.ReplaceAllString(string(body), " "))), " ")
 }

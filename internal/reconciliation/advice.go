@@ -32,10 +32,15 @@ const (
 	// ReasonInconsistent: the step was in a state recovery cannot resume
 	// from (recorded so by recovery).
 	ReasonInconsistent Reason = "inconsistent"
+	// ReasonCancelled: a person asked to cancel the operation after an
+	// earlier step had taken effect elsewhere, and nothing undoes that
+	// automatically (workflow/cancel.go): it stopped before a step of this
+	// database's own, which only "hand back to recovery" runs.
+	ReasonCancelled Reason = "cancelled"
 )
 
 // Reasons lists every reason, for counts and filters.
-var Reasons = []Reason{ReasonOutOfAttempts, ReasonRefused, ReasonInconsistent}
+var Reasons = []Reason{ReasonOutOfAttempts, ReasonRefused, ReasonInconsistent, ReasonCancelled}
 
 // ActionAskAgain asks the step's system for the truth of its key now and
 // records the answer; it decides nothing (Desk.AskAgain).
@@ -72,6 +77,11 @@ type Facts struct {
 	CanFail bool
 	// Attempts and MaxAttempts, for the reason's sentence.
 	Attempts, MaxAttempts int
+	// CancelledBy and Stood, for ReasonCancelled: who asked to cancel, and
+	// the earlier steps whose effect stood elsewhere ("provider_cancel at
+	// provider").
+	CancelledBy string
+	Stood       []string
 }
 
 // NotStartedConclusive reports whether Now is a NOT_STARTED asked after
@@ -122,6 +132,9 @@ func (a Advice) Action(action string) (Choice, bool) {
 // system never saw the call"; "could apply it twice" only when the system
 // is not believed idempotent.
 func Advise(f Facts) Advice {
+	if f.Reason == ReasonCancelled {
+		return f.cancelled()
+	}
 	a := Advice{
 		Headline: fmt.Sprintf("Waiting for a person: %s at %s", f.Step, f.System),
 		Why:      f.why(),
@@ -140,11 +153,9 @@ func Advise(f Facts) Advice {
 	switch f.Now {
 	case external.TruthCompleted:
 		fail.disable(f.System + " says it happened: marking it failed would deny an effect that took place")
-		if f.Idempotent {
-			retry.disable(f.System + " says it happened: there is nothing to send again; mark it done")
-		} else {
-			retry.disable(f.System + " says it happened and is not believed idempotent: the same call again could apply it twice; mark it done")
-		}
+		// Handing it back sends nothing (recovery would ask, hear COMPLETED
+		// and finish locally): mark done does the same now, on the record.
+		retry.disable(f.System + " says it happened: there is nothing to send again, and recovery would only ask and hear the same; mark it done")
 	case external.TruthRejected:
 		retry.disable(f.System + " refused it: the same call would be refused again")
 		if !refused {
@@ -211,6 +222,47 @@ func Advise(f Facts) Advice {
 	for _, c := range []*Choice{&ask, &done, &retry, &fail} {
 		c.Disabled, c.Caution = sentence(c.Disabled), sentence(c.Caution)
 	}
+	a.Actions = []Choice{ask, done, retry, fail}
+	return a
+}
+
+// cancelled is the card of an operation a person asked to cancel after an
+// earlier step had taken effect elsewhere: it stopped before a step of this
+// database's own. There is no system to ask about that step, nothing to
+// mark done (only the workflow writes it) and no failing (what took effect
+// stands): the one decision is to hand it back, which sets the cancel
+// aside and lets the workflow run on (workflow.Engine.Decide).
+func (f Facts) cancelled() Advice {
+	stood := strings.Join(f.Stood, ", ")
+	if stood == "" {
+		stood = "an earlier step"
+	}
+	by := f.CancelledBy
+	if by == "" {
+		by = "a person"
+	}
+	local := f.Step + " is a step of this database's own"
+	a := Advice{
+		Headline: "Waiting for a person: cancelled before " + f.Step + ", after " + stood + " had taken effect",
+		Why: by + " asked to cancel it before " + f.Step + ", but " + stood + " had already taken effect, " +
+			"and nothing undoes that automatically.",
+		Then:       string(external.TruthCompleted) + ": " + stood + " had taken effect before the cancel stopped the operation.",
+		Now:        string(external.TruthCompleted) + ": nothing to ask — " + local + " and calls no other system.",
+		Suggested:  string(workflow.ResolveRetry),
+		Suggestion: "What took effect cannot be undone from here: hand it back to recovery — the cancel is set aside and the workflow runs on from " + f.Step + ".",
+	}
+	ask := Choice{Action: ActionAskAgain, Label: "Ask again"}
+	ask.Disabled = local + ": there is no system to ask"
+	done := Choice{Action: string(workflow.ResolveDone), Label: f.doneChoice().Label}
+	done.Disabled = local + ": marking it done would skip what it writes — handing it back runs it"
+	retry := Choice{Action: string(workflow.ResolveRetry), Label: "Hand back to recovery", Enabled: true,
+		Caution: "sets the cancel aside: recovery runs " + f.Step + " and every step after it, as if nobody had asked to stop"}
+	fail := Choice{Action: string(workflow.ResolveFailed), Label: "Mark failed"}
+	fail.Disabled = stood + " took effect and stands, so the operation cannot simply fail"
+	for _, c := range []*Choice{&ask, &done, &retry, &fail} {
+		c.Disabled, c.Caution = sentence(c.Disabled), sentence(c.Caution)
+	}
+	a.Why, a.Suggestion = sentence(a.Why), sentence(a.Suggestion)
 	a.Actions = []Choice{ask, done, retry, fail}
 	return a
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -135,7 +136,7 @@ func (d *Desk) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (work
 				return "", fmt.Errorf("%w: the truth now (%s) does not make %s unambiguous; decide it on its own card",
 					workflow.ErrResolutionNotAllowed, item.Truth(), req.Resolution)
 			}
-			note := fmt.Sprintf(" (by %s, seeing %s %s)", cmp.Or(req.DecidedBy, req.Actor), item.Facts.System, truthSeen(req.TruthSeen))
+			note := fmt.Sprintf(" (by %s, seeing %s)", cmp.Or(req.DecidedBy, req.Actor), strings.TrimSpace(item.Facts.System+" "+truthSeen(req.TruthSeen)))
 			if req.Note != "" {
 				note += " — " + req.Note
 			}

@@ -191,6 +191,20 @@ func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 		f.Idempotent = idempotent[f.System]
 	}
 	switch {
+	case it.Operation.CancelRequestedAt != nil && !s.External():
+		// Cancelled after an effect nothing undoes (workflow/cancel.go):
+		// stopped before a local step, the effect that stood the truth.
+		f.Reason, f.CancelledBy = ReasonCancelled, deref(it.Operation.CancelRequestedBy)
+		for _, st := range it.Operation.Steps {
+			if st.Name == s.Name {
+				break
+			}
+			if st.External() && st.State == workflow.StepDone {
+				f.Stood = append(f.Stood, st.Name+" at "+deref(st.System))
+			}
+		}
+		f.Then, f.Now = external.TruthCompleted, external.TruthCompleted
+		return f
 	case s.State == workflow.StepFailed:
 		f.Reason = ReasonRefused
 	case s.External() && (s.State == workflow.StepSent || s.State == workflow.StepUnknown):
@@ -360,4 +374,11 @@ func (d *Desk) Decisions(ctx context.Context, operationID int64, limit int) ([]D
 		return nil, fmt.Errorf("reconciliation: decisions: %w", err)
 	}
 	return out, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -193,7 +193,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
 	vm.RunAgain = runAgain(v.Type)
-	vm.CancelState = cancelState(v.Operation)
+	vm.CancelState, vm.CancelLabel = cancelState(v.Operation), cancelLabel(v.Operation)
 	vm.LastError, vm.LastErrorLabel = lastErrorShown(v.Operation)
 	vm.Identities = app.identities(ctx, v, subject)
 	current := ""
@@ -288,13 +288,14 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 		}
 		return "Finished without cancelling: it was refused, and nothing was left half done.", "", nil
 	case workflow.StatusNeedsReconciliation:
-		for _, st := range op.Steps {
-			if st.State == workflow.StepDone || !st.External() {
-				continue
-			}
-			if st.State == workflow.StepFailed {
-				return "Waiting for a person to decide: " + deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
-			}
+		// The step it stopped at, as the desk's card names it.
+		st, ok := op.Stuck()
+		switch {
+		case ok && !st.External() && op.CancelRequestedAt != nil:
+			return "Waiting for a person: it was cancelled before " + st.Name + ", after an earlier step had taken effect elsewhere, and nothing undoes that automatically. Nothing more happens on its own until they decide.", "", nil
+		case ok && st.External() && st.State == workflow.StepFailed:
+			return "Waiting for a person to decide: " + deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
+		case ok && st.External():
 			return "Waiting for a person to confirm with the " + deref(st.System) + ": the outcome of " + st.Name + " is not known, and nothing more happens on its own until they decide.", "", nil
 		}
 		return "Waiting for a person: nothing more happens on its own until they decide.", "", nil

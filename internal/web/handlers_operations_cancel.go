@@ -58,6 +58,20 @@ func (app *App) handleCancelOperationForm(c echo.Context) error {
 	})
 }
 
+// cancelLabel is the word before cancelState: "Cancelled." only once the
+// operation has stopped (FAILED); before that a cancel is only asked for.
+func cancelLabel(op workflow.Operation) string {
+	switch {
+	case op.CancelRequestedAt == nil:
+		return ""
+	case op.Status == workflow.StatusFailed:
+		return "Cancelled."
+	case op.Status == workflow.StatusSucceeded:
+		return "Not cancelled."
+	}
+	return "Cancel requested."
+}
+
 // cancelState says, in words a customer understands, where a cancel of op
 // stands ("" when nobody asked for one).
 func cancelState(op workflow.Operation) string {
@@ -79,7 +93,7 @@ func cancelState(op workflow.Operation) string {
 	case op.Status == workflow.StatusFailed:
 		return "It was stopped before anything was done at another system. Nothing was charged or changed."
 	case op.Status == workflow.StatusNeedsReconciliation:
-		return "It was asked to stop, but the other system had already done its part and that cannot be undone automatically. A person is looking at it now."
+		return "It was asked to stop, but the other system had already done its part and that cannot be undone automatically. It waits for a person on the reconciliation desk."
 	case op.Status == workflow.StatusSucceeded:
 		return "It was asked to stop too late: it had already finished."
 	case compensating:

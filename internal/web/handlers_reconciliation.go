@@ -44,6 +44,7 @@ var truthLabels = map[string]string{
 
 var reasonLabels = map[reconciliation.Reason]string{
 	reconciliation.ReasonOutOfAttempts: "out of attempts", reconciliation.ReasonRefused: "refused", reconciliation.ReasonInconsistent: "inconsistent",
+	reconciliation.ReasonCancelled: "cancelled after an effect",
 }
 
 func (app *App) deskConfig() reconciliation.Config {
@@ -57,7 +58,11 @@ type deskFilter struct{ Reason, Truth string }
 func parseDeskFilter(q url.Values) (deskFilter, error) {
 	f := deskFilter{Reason: q.Get("reason"), Truth: q.Get("truth")}
 	if f.Reason != "" && !slices.Contains(reconciliation.Reasons, reconciliation.Reason(f.Reason)) {
-		return f, invalidParam("reason", "reason must be one of out_of_attempts, refused, inconsistent")
+		names := make([]string, len(reconciliation.Reasons))
+		for i, r := range reconciliation.Reasons {
+			names[i] = string(r)
+		}
+		return f, invalidParam("reason", "reason must be one of "+strings.Join(names, ", "))
 	}
 	if f.Truth != "" && !slices.Contains(truthFilters, f.Truth) {
 		return f, invalidParam("truth", "truth must be one of "+strings.Join(truthFilters, ", "))
@@ -220,7 +225,11 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 		if i < cardsShow {
 			v.Items = append(v.Items, card)
 		}
-		v.AskIDs = append(v.AskIDs, strconv.FormatInt(it.Operation.ID, 10))
+		if ask, _ := it.Advice.Action(reconciliation.ActionAskAgain); ask.Enabled {
+			// Only what there is a system to ask about: the notice's count
+			// of items no longer waiting is then the posted minus the asked.
+			v.AskIDs = append(v.AskIDs, strconv.FormatInt(it.Operation.ID, 10))
+		}
 		if !it.Advice.Unambiguous {
 			continue
 		}
