@@ -370,7 +370,7 @@ func demoBar(p Page) templ.Component {
 			}
 		}
 		if p.User.IsAdmin {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 39, "<a href=\"/admin/demo\" data-testid=\"demo-controls\">Reset the demo data</a>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 39, "<a href=\"/admin/demo\" data-testid=\"demo-controls\" title=\"reset the demo data, crash a request at a named point\">Demo controls</a>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

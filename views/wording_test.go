@@ -151,3 +151,29 @@ func TestEventsAndLabRunsExplainTheirOrderAndNumbers(t *testing.T) {
 		t.Errorf("a lab run's number does not say what it counts: %s", out.String())
 	}
 }
+
+var (
+	barLink  = regexp.MustCompile(`data-testid="demo-controls"[^>]*>([^<]+)</a>`)
+	demoName = regexp.MustCompile(`<h1>([^<]+)</h1>`)
+)
+
+// The pages send an admin to "Demo controls" (Recovery, the crash page, the
+// demo page itself): the bar's link there carries that name (issue 29's
+// second read: it read "Reset the demo data", and no link said "Demo
+// controls").
+func TestTheBarNamesDemoControlsAsThePagesDo(t *testing.T) {
+	src := pageSources(t)
+	link := barLink.FindStringSubmatch(src["views/layout.templ"])
+	title := demoName.FindStringSubmatch(src["views/demo.templ"])
+	if link == nil || title == nil {
+		t.Fatal("the bar's link or the demo page's title is not where this test looks")
+	}
+	if link[1] != title[1] {
+		t.Errorf("the bar's link reads %q, the page it opens is %q", link[1], title[1])
+	}
+	for file, s := range src {
+		if (strings.Contains(s, "on Demo controls") || strings.Contains(s, "from Demo controls")) && title[1] != "Demo controls" {
+			t.Errorf("%s sends a reader to Demo controls; the page is called %q", file, title[1])
+		}
+	}
+}
