@@ -177,3 +177,17 @@ func TestTheBarNamesDemoControlsAsThePagesDo(t *testing.T) {
 		}
 	}
 }
+
+var definite503 = regexp.MustCompile(`(?i)definite[^.\n]{0,80}\b503\b|\b503\b[^.\n]{0,80}\bdefinite`)
+
+// A 503 from another system is an unknown outcome (the Provider and
+// Payments pages' tables: "error → unknown 503", recovery asks): no page
+// calls it a definite failure (issue 29's second read: the Retry column
+// did).
+func TestNoPageCallsA503Definite(t *testing.T) {
+	for file, src := range pageSources(t) {
+		if m := definite503.FindString(src); m != "" {
+			t.Errorf("%s calls a 503 definite: %q", file, m)
+		}
+	}
+}
