@@ -103,9 +103,6 @@ func Listen(target string, opts Options) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 func (p *Proxy) URL() string  { return "http://" + p.Addr() }
 
-// Target is the address the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
-
 // SetDelay sets the standing delay of each direction, for bytes read from
 // now on (bytes already on their way keep the delay they were read with).
 // Zero and zero is plain pass-through.

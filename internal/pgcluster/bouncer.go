@@ -114,9 +114,6 @@ func (b *Bouncer) URLFor(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&default_query_exec_mode=cache_describe", b.port, name)
 }
 
-// Port is where the bouncer listens.
-func (b *Bouncer) Port() int { return b.port }
-
 // Close stops the bouncer.
 func (b *Bouncer) Close() error {
 	if b.proc == nil || b.proc.Process == nil {

@@ -161,15 +161,10 @@ func (c *Cluster) setAndReload(name, value string) error {
 
 // PauseStreaming stops the standby receiving the primary's log (its
 // primary_conninfo emptied and reloaded), as a lagging or cut-off standby
-// would; ResumeStreaming reconnects it. A primary that waits for this
-// standby waits, meanwhile, at every commit.
+// would. A primary that waits for this standby waits, meanwhile, at every
+// commit.
 func (c *Cluster) PauseStreaming() error {
 	return c.setConnInfo("")
-}
-
-// ResumeStreaming reconnects a standby paused by PauseStreaming to primary.
-func (c *Cluster) ResumeStreaming(primary *Cluster) error {
-	return c.setConnInfo(fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", primary.port, StandbyName))
 }
 
 func (c *Cluster) setConnInfo(conninfo string) error {

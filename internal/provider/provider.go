@@ -71,8 +71,3 @@ var (
 	ErrInvalidRequest = external.ErrInvalidRequest
 	ErrDeadlinePassed = external.ErrDeadlinePassed
 )
-
-// ValidKey reports whether key is a well-formed provider idempotency key: 1 to
-// 255 visible ASCII characters, so it travels in a header and a URL path
-// unchanged.
-func ValidKey(key string) bool { return external.ValidKey(key) }

@@ -57,14 +57,6 @@ func (s *Store) ByToken(ctx context.Context, token string) (User, error) {
 		 WHERE api_token_sha256 = $1`, HashToken(token))
 }
 
-// ByID returns the user with id, or ErrNotFound.
-func (s *Store) ByID(ctx context.Context, id int64) (User, error) {
-	return s.one(ctx, `
-		SELECT id, name, role
-		  FROM users
-		 WHERE id = $1`, id)
-}
-
 // ByName returns the user called name, or ErrNotFound.
 func (s *Store) ByName(ctx context.Context, name string) (User, error) {
 	return s.one(ctx, `

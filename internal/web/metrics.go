@@ -39,9 +39,6 @@ func newMetrics(reg *prometheus.Registry, pool *pgxpool.Pool) *metrics {
 	return m
 }
 
-// Register adds collectors owned by other packages (recovery, idempotency…).
-func (m *metrics) Register(cs ...prometheus.Collector) { m.reg.MustRegister(cs...) }
-
 func (m *metrics) handler() echo.HandlerFunc {
 	return echo.WrapHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 }

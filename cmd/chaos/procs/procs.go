@@ -137,9 +137,8 @@ func Start(ctx context.Context, spec Spec, onExit func(Exit)) (*Process, error) 
 // Name is the process's name.
 func (p *Process) Name() string { return p.spec.Name }
 
-// Addr is where it listens; URL the same as http://.
-func (p *Process) Addr() string { return p.spec.Addr }
-func (p *Process) URL() string  { return "http://" + p.spec.Addr }
+// URL is where it listens, as http://.
+func (p *Process) URL() string { return "http://" + p.spec.Addr }
 
 // Runs counts how many times it has been started.
 func (p *Process) Runs() int {

@@ -42,9 +42,6 @@ func Serve(t testing.TB, h http.Handler) *Server {
 	return s
 }
 
-// Inflight is how many handlers are running.
-func (s *Server) Inflight() int64 { return s.inflight.Load() }
-
 // WaitHandlers waits (up to 5 s) until no handler runs: a fake finishes what
 // it received after its caller gave up, and a test reading its truth must
 // not race that commit.

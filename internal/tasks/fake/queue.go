@@ -117,9 +117,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Queue, error) {
 	return &Queue{pool: pool, cfg: cfg, wake: make(chan struct{}, 1), slots: make(chan struct{}, cfg.Concurrency)}, nil
 }
 
-// DedupeWindow is how long a finished task's name stays taken.
-func (q *Queue) DedupeWindow() time.Duration { return q.cfg.DedupeWindow }
-
 // queueRef is a queue's resource name, parsed.
 type queueRef struct{ project, location, queue string }
 
