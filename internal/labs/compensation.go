@@ -53,7 +53,7 @@ var compensationLab = &Lab{
 			Says: "the engine's deadline rule, the same one"},
 		{Path: "internal/slots/deposit.go", Text: "{Name: StepChargeDeposit, Call: chargeDeposit{pay}, Refused: workflow.FailOperation, Abandon: holdTimeIsUp},",
 			Says: "the real deposit saga: only a refusal fails the charge and undoes the hold; NOT_STARTED, once conclusive, asks whether the hold's time is up"},
-		{Path: "internal/slots/deposit.go", Text: "func releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {",
+		{Path: "internal/slots/deposit.go", Text: "func (d *Deposits) releaseHold(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error) {",
 			Says: "the real compensation, run only in the transaction that records the charge FAILED"},
 		{Path: "internal/workflow/recover.go", Text: "func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.Result, error) {",
 			Says: "where a conclusive NOT_STARTED becomes the same call again, or the step given up"},
