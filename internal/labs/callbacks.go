@@ -25,6 +25,7 @@ var callbacksLab = &Lab{
 		"inbox cannot know that recovery settled the step by asking. Fenced but not monotonic, the late RUNNING " +
 		"overwrites DONE. The app's handler (workflow.Engine.Callback) keeps the inbox, changes a step only while it " +
 		"is in flight, and never moves it back: one refund, the step DONE.",
+	RunHint: "All four handlers run on the server, on the lab's own data, with the same schedule.",
 	Columns: []Column{
 		{Key: "deliveries", Label: "callbacks delivered"},
 		{Key: "effects", Label: "refunds made"},
