@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/labs"
 )
 
 // labRun is the JSON of a lab's run as the API answers it.
@@ -50,10 +53,9 @@ func TestLabRunsFromTheAPIOncePerKey(t *testing.T) {
 	}
 	r := s.do(request{Method: "GET", Path: "/api/v1/labs", Token: "demo-alice"})
 	r.JSON(t, &list)
-	if r.Status != http.StatusOK || len(list.Labs) != 11 || len(list.Labs[0].Code) == 0 {
+	if r.Status != http.StatusOK || len(list.Labs) != len(labs.All()) || len(list.Labs[0].Code) == 0 {
 		t.Fatalf("GET /api/v1/labs: %d %s", r.Status, r.Body)
 	}
-
 	answers := make([]response, 2)
 	var wg sync.WaitGroup
 	for i := range answers {
@@ -115,6 +117,31 @@ func TestLabRunsFromTheAPIOncePerKey(t *testing.T) {
 	}
 	if r := s.do(runLabReq("fencing", "demo-alice", "lab-run-1")); r.Status != http.StatusUnprocessableEntity {
 		t.Errorf("one key for another lab: %d %s", r.Status, r.Body)
+	}
+
+	// The two labs of issue 28 through the API: each broken variant broke
+	// its own way, the correct one held.
+	for lab, want := range map[string]map[string]string{
+		"webhooks": {"blind": "duplicates backwards", "no-fence": "duplicates", "no-monotonic": "backwards", "correct": ""},
+		"ordering": {"naive": "out_of_place wrong", "versioned": ""},
+	} {
+		var run labRun
+		r := s.do(runLabReq(lab, "demo-alice", "lab-"+lab))
+		r.JSON(t, &run)
+		if r.Status != http.StatusCreated || len(run.Variants) != len(want) {
+			t.Fatalf("%s: %d %s", lab, r.Status, r.Body)
+		}
+		for _, v := range run.Variants {
+			var broke []string
+			for _, k := range []string{"duplicates", "backwards", "out_of_place", "wrong"} {
+				if v.Counts[k] > 0 {
+					broke = append(broke, k)
+				}
+			}
+			if got := strings.Join(broke, " "); got != want[v.Name] || v.Held != (got == "") || v.Broken != (got != "") {
+				t.Errorf("%s %s: broke %q (held %t), want %q", lab, v.Name, got, v.Held, want[v.Name])
+			}
+		}
 	}
 }
 
