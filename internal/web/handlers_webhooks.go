@@ -27,8 +27,8 @@ var callbackSystems = map[string]bool{"provider": true, "payments": true}
 // newCallbackCounter counts every callback by system and what became of it:
 // applied, noted, stale, unknown_step, duplicate, deferred (409: the
 // request still waits for the call's own answer), and the refusals —
-// refused_oversized, refused_missing, refused_signature, refused_stale,
-// refused_invalid — that wrote nothing.
+// refused_system (system "unknown"), refused_oversized, refused_missing,
+// refused_signature, refused_stale, refused_invalid — that wrote nothing.
 func newCallbackCounter(reg *prometheus.Registry) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemlab_callbacks_total",
@@ -60,6 +60,9 @@ const maxCallbackBody = 16 << 10
 func (app *App) handleWebhook(c echo.Context) error {
 	system := c.Param("system")
 	if !callbackSystems[system] {
+		// Counted under one label, not the caller's name: a scanner must
+		// not mint a time series per path it tries.
+		app.callbacks.WithLabelValues("unknown", "refused_system").Inc()
 		return problem.New(http.StatusNotFound, "not-found", "No such system", "no system "+system+" calls back here")
 	}
 	if app.webhookSecret == nil {

@@ -64,7 +64,7 @@ func TestWebhookRouteRefusesForgedStaleAndMalformedCallbacks(t *testing.T) {
 		typ    string
 		metric string
 	}{
-		{"unknown system", "bank", event("e1"), signed("e1", now, event("e1"), secret), 404, "not-found", ""},
+		{"unknown system", "bank", event("e1"), signed("e1", now, event("e1"), secret), 404, "not-found", "refused_system"},
 		{"unsigned", "provider", event("e1"), nil, 400, "webhook-unsigned", "refused_missing"},
 		{"oversized: signed, but 64 KiB of reason", "provider", oversized, signed("e1", now, oversized, secret), 413, "body-too-large", "refused_oversized"},
 		{"forged: another secret", "provider", event("e1"), signed("e1", now, event("e1"), []byte("guess")), 401, "webhook-signature", "refused_signature"},
