@@ -26,15 +26,14 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/healthz", app.handleHealthz) // the process is up
 	e.GET("/readyz", app.handleReadyz)   // the database answers and the schema is current
 	e.GET("/metrics", app.metrics.handler())
-	e.StaticFS("/static", views.Static)  // vendored htmx and Pico, app.css, app.js
-	e.GET("/favicon.ico", handleFavicon) // the icon browsers ask for on every page
+	e.StaticFS("/static", views.Static)          // vendored htmx and Pico, app.css, app.js
+	e.GET("/static/code.css", app.handleCodeCSS) // the code viewer's highlighting
+	e.GET("/favicon.ico", handleFavicon)         // the icon browsers ask for on every page
 	if app.tasksPush != nil {
 		// The task queue's pushes (EVENTS_TRANSPORT=tasks): its bearer
 		// token, no session, no CSRF; the consumer rule answers.
 		e.POST(events.PushPath+":consumer", echo.WrapHandler(app.tasksPush))
 	}
-	e.StaticFS("/static", views.Static)          // vendored htmx and Pico, app.css, app.js
-	e.GET("/static/code.css", app.handleCodeCSS) // the code viewer's highlighting
 	// Callbacks from the external systems: signed (HMAC, shared secret), no
 	// session, no CSRF, no token; each event applied once (docs/provider.md).
 	e.POST("/webhooks/:system", app.handleWebhook)
