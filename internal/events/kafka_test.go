@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"testing"
@@ -40,8 +41,8 @@ func setupKafka(t testing.TB, broker *events.KafkaBroker, cfg events.KafkaConfig
 	}
 	cfg.Brokers = []string{broker.Addr()}
 	cfg.Topic = uniqueName("idemlab_test.")
-	cfg.SessionTimeout = cmpOr(cfg.SessionTimeout, 2*time.Second)
-	cfg.PollInterval = cmpOr(cfg.PollInterval, time.Second)
+	cfg.SessionTimeout = cmp.Or(cfg.SessionTimeout, 2*time.Second)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, time.Second)
 	b.kafkaCfg = cfg
 	k, err := events.NewKafka(ctx, cfg)
 	if err != nil {

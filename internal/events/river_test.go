@@ -54,14 +54,6 @@ func (b *bundle) startRiverConsumers(t testing.TB, instances int, cfg events.Riv
 	}
 }
 
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
-}
-
 func TestRiverEveryEventAppliedOncePerConsumer(t *testing.T) {
 	t.Parallel()
 	b := setupRiver(t)

@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -90,12 +91,12 @@ func setupTasks(t testing.TB, qcfg fake.Config) *bundle {
 	if err := events.SetTransport(ctx, b.db.Pool, events.TransportTasks); err != nil {
 		t.Fatal(err)
 	}
-	qcfg.DispatchDeadline = cmpOr(qcfg.DispatchDeadline, 2*time.Second) // the ack deadline: a push slower than it (a loaded machine) would be one duplicate too many
-	qcfg.DedupeWindow = cmpOr(qcfg.DedupeWindow, time.Hour)
-	qcfg.MinBackoff = cmpOr(qcfg.MinBackoff, 300*time.Millisecond) // long enough for out_of_order's overtaking
-	qcfg.MaxBackoff = cmpOr(qcfg.MaxBackoff, time.Second)
-	qcfg.Interval = cmpOr(qcfg.Interval, 50*time.Millisecond)
-	qcfg.LeaseMargin = cmpOr(qcfg.LeaseMargin, 500*time.Millisecond)
+	qcfg.DispatchDeadline = cmp.Or(qcfg.DispatchDeadline, 2*time.Second) // the ack deadline: a push slower than it (a loaded machine) would be one duplicate too many
+	qcfg.DedupeWindow = cmp.Or(qcfg.DedupeWindow, time.Hour)
+	qcfg.MinBackoff = cmp.Or(qcfg.MinBackoff, 300*time.Millisecond) // long enough for out_of_order's overtaking
+	qcfg.MaxBackoff = cmp.Or(qcfg.MaxBackoff, time.Second)
+	qcfg.Interval = cmp.Or(qcfg.Interval, 50*time.Millisecond)
+	qcfg.LeaseMargin = cmp.Or(qcfg.LeaseMargin, 500*time.Millisecond)
 	qcfg.Logger = slog.New(slog.DiscardHandler)
 	q, err := fake.New(b.db.Pool, qcfg)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/events"
 )
 
@@ -116,9 +117,9 @@ func (e *env) ordering(ctx context.Context, variant string, consumer func(name s
 			v.Counts["parked"]++
 			t.say("consumer", "%s arrives at version %d: early, parked until its turn", label[s.m.ID], version)
 		case version > before+1:
-			t.say("consumer", "%s applied, then the parked events now next: the booking is %q at version %d", label[s.m.ID], deref(state), version)
+			t.say("consumer", "%s applied, then the parked events now next: the booking is %q at version %d", label[s.m.ID], database.Deref(state), version)
 		default:
-			t.say("consumer", "%s applied: the booking is %q at version %d", label[s.m.ID], deref(state), version)
+			t.say("consumer", "%s applied: the booking is %q at version %d", label[s.m.ID], database.Deref(state), version)
 		}
 		before = version
 	}
@@ -151,22 +152,15 @@ func (e *env) ordering(ctx context.Context, variant string, consumer func(name s
 		return v, fmt.Errorf("labs: ordering: %w", err)
 	}
 	fold := events.HistoryState(types[len(types)-1])
-	if deref(state) != fold {
+	if database.Deref(state) != fold {
 		v.Counts["wrong"] = 1
-		t.wrong("result", "applied as %s: the booking shows %q, its events say %q", strings.Join(applied, ", "), deref(state), fold)
+		t.wrong("result", "applied as %s: the booking shows %q, its events say %q", strings.Join(applied, ", "), database.Deref(state), fold)
 	} else {
 		t.say("result", "applied as %s: the booking shows %q, the ordered fold of its events", strings.Join(applied, ", "), fold)
 	}
-	v.Verdict = fmt.Sprintf("the booking ends %q (its events say %q)", deref(state), fold)
+	v.Verdict = fmt.Sprintf("the booking ends %q (its events say %q)", database.Deref(state), fold)
 	v.Timeline = t.list()
 	return v, nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // labHistory is the app's history consumer unchanged, under a name of the

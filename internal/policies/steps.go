@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/payments"
@@ -176,16 +177,9 @@ func audit(ctx context.Context, tx pgx.Tx, op workflow.Operation) (string, error
 	_, err = tx.Exec(ctx, `
 		INSERT INTO audit_entries (operation_id, step_key, actor, summary, facts)
 		VALUES ($1, $2, $3, $4, $5)`,
-		op.ID, workflow.StepKey(op.ID, StepAudit, op.Run), deref(op.OwnerID), summary, raw)
+		op.ID, workflow.StepKey(op.ID, StepAudit, op.Run), database.Deref(op.OwnerID), summary, raw)
 	if err != nil {
 		return "", fmt.Errorf("policies: audit: %w", err)
 	}
 	return "audit entry written", nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }

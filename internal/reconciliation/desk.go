@@ -194,13 +194,13 @@ func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 	case it.Operation.CancelRequestedAt != nil && !s.External():
 		// Cancelled after an effect nothing undoes (workflow/cancel.go):
 		// stopped before a local step, the effect that stood the truth.
-		f.Reason, f.CancelledBy = ReasonCancelled, deref(it.Operation.CancelRequestedBy)
+		f.Reason, f.CancelledBy = ReasonCancelled, database.Deref(it.Operation.CancelRequestedBy)
 		for _, st := range it.Operation.Steps {
 			if st.Name == s.Name {
 				break
 			}
 			if st.External() && st.State == workflow.StepDone {
-				f.Stood = append(f.Stood, st.Name+" at "+deref(st.System))
+				f.Stood = append(f.Stood, st.Name+" at "+database.Deref(st.System))
 			}
 		}
 		f.Then, f.Now = external.TruthCompleted, external.TruthCompleted
@@ -374,11 +374,4 @@ func (d *Desk) Decisions(ctx context.Context, operationID int64, limit int) ([]D
 		return nil, fmt.Errorf("reconciliation: decisions: %w", err)
 	}
 	return out, nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab"
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
@@ -188,8 +189,8 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 	vm := views.OperationDetail{
 		ID: v.ID, Kind: kind, Type: v.Type, PolicyID: v.PolicyID, BookingID: v.BookingID, PolicyNumber: subject, Status: v.Status, Terminal: v.Terminal(),
 		Admin: admin, Reason: v.Reason, Run: v.Run, Attempts: v.Attempts, MaxAttempts: app.recovery.Settings().Budget().MaxAttempts,
-		Owner: deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
-		Released: releasedText(deref(v.Released)), Finished: timeText(v.FinishedAt),
+		Owner: database.Deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
+		Released: releasedText(database.Deref(v.Released)), Finished: timeText(v.FinishedAt),
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
 	vm.RunAgain = runAgain(v.Type)
@@ -202,9 +203,9 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 			current = s.Name
 		}
 		step := views.Step{
-			Position: s.Position, Name: s.Name, Key: s.Key, System: deref(s.System), State: s.State, Attempts: s.Attempts,
+			Position: s.Position, Name: s.Name, Key: s.Key, System: database.Deref(s.System), State: s.State, Attempts: s.Attempts,
 			Deadline: timeText(s.DeadlineAt), Sent: timeText(s.SentAt), Finished: timeText(s.FinishedAt),
-			Request: prettyJSON(s.Request), Answer: prettyJSON(s.Answer), Recorded: deref(s.Truth),
+			Request: prettyJSON(s.Request), Answer: prettyJSON(s.Answer), Recorded: database.Deref(s.Truth),
 			Current: s.Name == current && !v.Terminal(),
 		}
 		if t, ok := v.Truths[s.Name]; ok {
@@ -243,8 +244,8 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 	slices.SortStableFunc(vm.Calls, func(a, b views.CallLine) int { return strings.Compare(a.At, b.At) })
 	for _, e := range v.Timeline {
 		te := views.TimelineEvent{
-			ID: e.ID, At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus), To: e.ToStatus, Step: deref(e.Step),
-			Actor: e.Actor, Owner: shortToken(deref(e.OwnerToken)), Detail: e.Detail, Statement: strings.TrimSpace(e.Statement),
+			ID: e.ID, At: e.At.UTC().Format("15:04:05.000"), From: database.Deref(e.FromStatus), To: e.ToStatus, Step: database.Deref(e.Step),
+			Actor: e.Actor, Owner: shortToken(database.Deref(e.OwnerToken)), Detail: e.Detail, Statement: strings.TrimSpace(e.Statement),
 		}
 		te.StatementName, te.StatementWhere, te.StatementHref = statementLink(e.StatementName)
 		vm.Timeline = append(vm.Timeline, te)
@@ -294,9 +295,9 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 		case ok && !st.External() && op.CancelRequestedAt != nil:
 			return "Waiting for a person: it was cancelled before " + st.Name + ", after an earlier step had taken effect elsewhere, and nothing undoes that automatically. Nothing more happens on its own until they decide.", "", nil
 		case ok && st.External() && st.State == workflow.StepFailed:
-			return "Waiting for a person to decide: " + deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
+			return "Waiting for a person to decide: " + database.Deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
 		case ok && st.External():
-			return "Waiting for a person to confirm with the " + deref(st.System) + ": the outcome of " + st.Name + " is not known, and nothing more happens on its own until they decide.", "", nil
+			return "Waiting for a person to confirm with the " + database.Deref(st.System) + ": the outcome of " + st.Name + " is not known, and nothing more happens on its own until they decide.", "", nil
 		}
 		return "Waiting for a person: nothing more happens on its own until they decide.", "", nil
 	}
@@ -309,7 +310,7 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 	if claimable != nil && claimable.After(now) {
 		secs = int(math.Ceil(claimable.Sub(now).Seconds()))
 	}
-	switch deref(op.Released) {
+	switch database.Deref(op.Released) {
 	case workflow.ReleasedHandedOver:
 		headline, countdownText = "The request met an outcome it could not know and handed the operation to recovery on purpose:", "recovery may claim this in %s."
 	case workflow.ReleasedBackedOff:
@@ -320,7 +321,7 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 		if secs == 0 {
 			headline, countdownText = "Its owner's lease has run out — the owner looks dead (a crash, a lost connection):", "recovery may claim this in %s."
 		} else {
-			owner := cmp.Or(deref(op.OwnerID), "its owner")
+			owner := cmp.Or(database.Deref(op.OwnerID), "its owner")
 			headline = "In progress: " + owner + " holds the lease and is working on it. If it stops (a crash),"
 			countdownText = "recovery may claim this in %s, when the lease runs out."
 		}
@@ -336,11 +337,11 @@ func lastErrorShown(op workflow.Operation) (text, label string) {
 	case workflow.StatusSucceeded:
 		return "", ""
 	case workflow.StatusFailed:
-		return deref(op.LastError), "Why it failed"
+		return database.Deref(op.LastError), "Why it failed"
 	case workflow.StatusNeedsReconciliation:
-		return deref(op.LastError), "Why a person decides"
+		return database.Deref(op.LastError), "Why a person decides"
 	}
-	return deref(op.LastError), "Last error"
+	return database.Deref(op.LastError), "Last error"
 }
 
 // The lines of code behind the identities, found by what they say.
@@ -391,8 +392,8 @@ func (app *App) identities(ctx context.Context, v operationView, subject string)
 		if !s.External() {
 			continue
 		}
-		id := views.Identity{Name: "External: " + s.Name, Value: s.Key, State: "sent as Idempotency-Key to " + deref(s.System),
-			Prevents: deref(s.System) + " applying the step twice when it is sent again (after a lost answer, a crash, by recovery)."}
+		id := views.Identity{Name: "External: " + s.Name, Value: s.Key, State: "sent as Idempotency-Key to " + database.Deref(s.System),
+			Prevents: database.Deref(s.System) + " applying the step twice when it is sent again (after a lost answer, a crash, by recovery)."}
 		id.Code, id.CodeHref = codeStepKey.where()
 		ids = append(ids, id)
 	}
@@ -420,7 +421,7 @@ func callText(c workflow.CallRecord) string {
 	case "call":
 		return "sent " + c.StepKey + " " + string(c.Request)
 	case "answer":
-		s := "answer: " + deref(c.Outcome)
+		s := "answer: " + database.Deref(c.Outcome)
 		if c.Truth != nil {
 			s += " (" + *c.Truth + ")"
 		}
@@ -464,13 +465,6 @@ func prettyJSON(raw []byte) string {
 		return string(raw)
 	}
 	return b.String()
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 func timeText(t *time.Time) string {

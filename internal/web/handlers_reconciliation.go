@@ -1,6 +1,7 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/reconciliation"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
@@ -495,8 +497,8 @@ func (app *App) handleEvidencePage(c echo.Context) error {
 		v.Calls = append(v.Calls, row)
 	}
 	for _, e := range ev.Timeline {
-		v.Timeline = append(v.Timeline, views.TimelineEvent{At: e.At.UTC().Format("15:04:05.000"), From: deref(e.FromStatus),
-			To: e.ToStatus, Step: deref(e.Step), Actor: e.Actor, Detail: e.Detail})
+		v.Timeline = append(v.Timeline, views.TimelineEvent{At: e.At.UTC().Format("15:04:05.000"), From: database.Deref(e.FromStatus),
+			To: e.ToStatus, Step: database.Deref(e.Step), Actor: e.Actor, Detail: e.Detail})
 	}
 	for _, d := range ev.Decisions {
 		v.Decided = append(v.Decided, decisionRow(d))
@@ -783,7 +785,7 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 		if err := validText(prefix+"note", d.Note, maxTextLength); err != nil {
 			return err
 		}
-		req, err := app.resolveRequest(c, d.OperationID, d.Action, d.SeenUpdatedAt, d.TruthSeen, cmpOr(d.Note, in.Note), prefix)
+		req, err := app.resolveRequest(c, d.OperationID, d.Action, d.SeenUpdatedAt, d.TruthSeen, cmp.Or(d.Note, in.Note), prefix)
 		if err != nil {
 			return err
 		}
@@ -793,13 +795,6 @@ func (app *App) handleDecisionsPostAPI(c echo.Context) error {
 	return app.decideMany(c, reqs, func(c echo.Context, results []reconciliation.Decided, _ error) (idempotency.Response, error) {
 		return idempotency.JSONResponse(http.StatusOK, countBatch(results))
 	})
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // handleDecideForm: POST /reconciliation/decide (admin, keyed form) — the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -132,8 +133,8 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	}
 	for _, l := range s.Live {
 		row := views.LiveOperation{
-			ID: l.ID, Subject: l.Subject(), Status: l.Status, Owner: deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
-			Attempts: l.Attempts, LastError: deref(l.LastError), State: "owned", StateKind: "DONE", Owned: !l.Stale,
+			ID: l.ID, Subject: l.Subject(), Status: l.Status, Owner: database.Deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
+			Attempts: l.Attempts, LastError: database.Deref(l.LastError), State: "owned", StateKind: "DONE", Owned: !l.Stale,
 		}
 		switch {
 		case l.Stale && l.Due:
@@ -145,7 +146,7 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	}
 	for _, r := range s.Recent {
 		v.Recent = append(v.Recent, views.RecoveryStep{
-			At: r.At.UTC().Format("15:04:05.000"), OperationID: r.OperationID, Branch: deref(r.Branch),
+			At: r.At.UTC().Format("15:04:05.000"), OperationID: r.OperationID, Branch: database.Deref(r.Branch),
 			Worker: r.Actor, To: r.ToStatus, Detail: r.Detail,
 		})
 	}

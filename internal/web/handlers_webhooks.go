@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
@@ -237,7 +238,7 @@ func (app *App) callbacksView(c echo.Context, s fakeAdmin) (views.CallbacksView,
 	}
 	for _, w := range v.Sender.Recent {
 		sent := views.CallbackSent{EventID: w.EventID, Key: w.Key, Status: w.Status, Due: w.DeliverAfter.UTC().Format("15:04:05.000"),
-			Attempts: w.Attempts, Lost: w.Lost, Last: deref(w.LastError)}
+			Attempts: w.Attempts, Lost: w.Lost, Last: database.Deref(w.LastError)}
 		if w.DeliveredAt != nil {
 			sent.Delivered = w.DeliveredAt.UTC().Format("15:04:05.000")
 		}

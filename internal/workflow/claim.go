@@ -247,7 +247,7 @@ func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, bat
 
 // claimReason says why an operation was claimable, from how its lease ended.
 func claimReason(released *string) string {
-	switch deref(released) {
+	switch database.Deref(released) {
 	case ReleasedHandedOver:
 		return "handed over on purpose: its owner met an outcome it could not know and ended its lease"
 	case ReleasedBackedOff:

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/database"
 )
 
 // This file is how a person's decision about an operation recovery could
@@ -193,7 +195,7 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 			return r.transition(ctx, tx, sqlRetryRequested, "the rest is recovery's: "+r.record(next.index).Name+" is next")
 		case ResolveRetry:
 			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person asked for a retry: handed back to recovery, which asks "+deref(stuck.System)+" first"+note, sqlDecide); err != nil {
+				"a person asked for a retry: handed back to recovery, which asks "+database.Deref(stuck.System)+" first"+note, sqlDecide); err != nil {
 				return err
 			}
 			if seen.CancelRequestedAt != nil && !stuck.External() {
@@ -203,7 +205,7 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 					return fmt.Errorf("workflow: set the cancel aside: %w", err)
 				}
 				if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-					"the cancel requested by "+deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", sqlCancelSetAside); err != nil {
+					"the cancel requested by "+database.Deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", sqlCancelSetAside); err != nil {
 					return err
 				}
 			}

@@ -194,14 +194,7 @@ type runner struct {
 }
 
 func (e *Engine) runner(def *Definition, op Operation, actor string) *runner {
-	return &runner{e: e, def: def, op: op, token: deref(op.OwnerToken), actor: actor}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
+	return &runner{e: e, def: def, op: op, token: database.Deref(op.OwnerToken), actor: actor}
 }
 
 // recordRetry notes that the request which started opID came back with the

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/tasks"
 )
@@ -273,17 +274,9 @@ func scanTask(row pgx.Row) (uuid.UUID, tasks.Task, error) {
 	t.DispatchDeadline = tasks.Duration(time.Duration(deadlineMS) * time.Millisecond)
 	if dispatched != nil {
 		t.LastAttempt = &tasks.Attempt{DispatchTime: *dispatched, ResponseTime: *replied,
-			ResponseStatus: tasks.Status{Code: deref(lastStatus), Message: deref(lastError)}}
+			ResponseStatus: tasks.Status{Code: database.Deref(lastStatus), Message: database.Deref(lastError)}}
 	}
 	return id, t, nil
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }
 
 // Get returns the newest task of the name (a name reused after the window
