@@ -168,7 +168,7 @@ func eventsContent(p Page, v EventsView) templ.Component {
 			return templ_7745c5c3_Err
 		}
 		templ_7745c5c3_Err = Intro("every event the app has written, how each transport delivered it, and which layer caught each repeat before it could apply twice.",
-			"as admin, arm the redelivery injector below (deliver twice, or lose the ack), cancel a policy, and watch its event arrive twice and apply once.").Render(ctx, templ_7745c5c3_Buffer)
+			"as admin, arm the redelivery injector below with fail_after_commit (a consumer commits, then fails before its ack, so the transport delivers again), cancel a policy, and watch an inbox catch the repeat: the event applies once. deliver_twice doubles the publish instead, and on a relayed transport the broker's dedupe catches it before any consumer sees it.").Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

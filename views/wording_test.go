@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemlab/idemlab"
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/labs"
 )
 
@@ -189,5 +190,33 @@ func TestNoPageCallsA503Definite(t *testing.T) {
 		if m := definite503.FindString(src); m != "" {
 			t.Errorf("%s calls a 503 definite: %q", file, m)
 		}
+	}
+}
+
+var snake = regexp.MustCompile(`\b[a-z]+(?:_[a-z]+)+\b`)
+
+// The Events page's "Try this" names injector modes the injector offers,
+// and does not promise that deliver_twice shows an event "arrive twice" at
+// a consumer: on a relayed transport it doubles the publish, and the
+// broker's dedupe drops it first (issue 29's second read: the page said
+// so, and every inbox showed 0).
+func TestEventsTryNamesInjectorModesAndWhatTheyShow(t *testing.T) {
+	src := pageSources(t)["views/events.templ"]
+	i := strings.Index(src, "@Intro(")
+	if i < 0 {
+		t.Fatal("no intro on the Events page")
+	}
+	intro := src[i : i+strings.Index(src[i:], "\")\n")]
+	names := snake.FindAllString(intro, -1)
+	if len(names) == 0 {
+		t.Fatal("the Events page's intro names no injector mode")
+	}
+	for _, n := range names {
+		if !slices.Contains(events.Modes, events.Mode(n)) {
+			t.Errorf("the Events page's intro names %q, which the injector does not offer (%v)", n, events.Modes)
+		}
+	}
+	if strings.Contains(intro, "arrive twice") {
+		t.Errorf("the Events page's intro promises an event arrives twice: %s", intro)
 	}
 }
