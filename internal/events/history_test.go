@@ -122,6 +122,14 @@ func TestHistoryAppliesOneAggregateInOrderWhateverTheArrival(t *testing.T) {
 	if parkedThenApplied != 1 {
 		t.Errorf("%d events applied from the park, want 1 (the release)", parkedThenApplied)
 	}
+	// The Events overview (GET /api/v1/events) counts the same.
+	o, err := events.NewStore(db.Pool).Overview(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (events.HistoryStats{Aggregates: 1, ParkedNow: 0, ParkedThenApplied: 1}); o.History != want {
+		t.Errorf("overview's history: %+v, want %+v", o.History, want)
+	}
 
 	// Concurrent arrivals, in every order at once, 20 aggregates: the row
 	// lock makes each aggregate's deliveries take turns, so no early event

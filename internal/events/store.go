@@ -37,6 +37,17 @@ type Overview struct {
 	// transport this build has, including those not in use now (the
 	// database keeps the deliveries of a run on another transport).
 	Transports []TransportStats `json:"transports"`
+	// History is the ordered consumer's projection (history.go).
+	History HistoryStats `json:"history"`
+}
+
+// HistoryStats says how often order had to be restored: events that
+// arrived before their predecessor, parked and applied after it, and those
+// waiting now (after heal, none: invariant 10).
+type HistoryStats struct {
+	Aggregates        int64 `json:"aggregates"`
+	ParkedNow         int64 `json:"parked_now"`
+	ParkedThenApplied int64 `json:"parked_then_applied"`
 }
 
 // TransportStats counts one transport's duplicates by the layer that
@@ -116,6 +127,14 @@ func (s *Store) Overview(ctx context.Context) (Overview, error) {
 	}
 	if o.Transports, err = s.byTransport(ctx); err != nil {
 		return o, fmt.Errorf("events: overview: %w", err)
+	}
+	err = s.db.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM histories),
+		       (SELECT count(*) FROM history_parked),
+		       (SELECT count(*) FROM history_events WHERE parked_at IS NOT NULL)`).
+		Scan(&o.History.Aggregates, &o.History.ParkedNow, &o.History.ParkedThenApplied)
+	if err != nil {
+		return o, fmt.Errorf("events: overview: history: %w", err)
 	}
 	return o, nil
 }

@@ -87,6 +87,10 @@ type Events struct {
 		Applied    int64  `json:"applied"`
 		Duplicates int64  `json:"duplicates"`
 	} `json:"consumers"`
+	History struct {
+		ParkedNow         int64 `json:"parked_now"`
+		ParkedThenApplied int64 `json:"parked_then_applied"`
+	} `json:"history"`
 }
 
 // Operation is an operation as GET /api/v1/operations/{id} shows it.

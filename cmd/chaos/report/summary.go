@@ -143,6 +143,7 @@ func (s Summary) EventsText() string {
 	for _, c := range e.Consumers {
 		t += fmt.Sprintf(", %s %d (applied %d)", c.Consumer, c.Duplicates, c.Applied)
 	}
+	t += fmt.Sprintf("; history: %d early events parked then applied, %d parked now", e.History.ParkedThenApplied, e.History.ParkedNow)
 	return t
 }
 
