@@ -1329,6 +1329,8 @@ CREATE TABLE public.operation_steps (
     answer jsonb,
     truth text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    carried_from_run integer,
+    CONSTRAINT operation_steps_carried_check CHECK (((carried_from_run IS NULL) OR ((state = 'DONE'::text) AND (carried_from_run < run)))),
     CONSTRAINT operation_steps_finished_check CHECK (((state = ANY (ARRAY['DONE'::text, 'FAILED'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT operation_steps_local_check CHECK (((system IS NOT NULL) OR (state = ANY (ARRAY['PENDING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text])))),
     CONSTRAINT operation_steps_sent_check CHECK (((state <> ALL (ARRAY['SENT'::text, 'UNKNOWN'::text])) OR ((deadline_at IS NOT NULL) AND (sent_at IS NOT NULL) AND (request IS NOT NULL)))),
@@ -2203,13 +2205,6 @@ ALTER TABLE ONLY public.operation_steps
     ADD CONSTRAINT operation_steps_pkey PRIMARY KEY (operation_id, run, name);
 
 --
--- Name: operation_steps operation_steps_step_key_key; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.operation_steps
-    ADD CONSTRAINT operation_steps_step_key_key UNIQUE (step_key);
-
---
 -- Name: operations operations_booking_type_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2628,6 +2623,12 @@ CREATE INDEX operation_calls_operation_idx ON public.operation_calls USING btree
 CREATE INDEX operation_events_branch_idx ON public.operation_events USING btree (id DESC) WHERE (branch IS NOT NULL);
 
 --
+-- Name: operation_steps_step_key_key; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX operation_steps_step_key_key ON public.operation_steps USING btree (step_key) WHERE (carried_from_run IS NULL);
+
+--
 -- Name: operations_booking_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2830,13 +2831,6 @@ ALTER TABLE ONLY public.audit_entries
     ADD CONSTRAINT audit_entries_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(id);
 
 --
--- Name: audit_entries audit_entries_step_key_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.audit_entries
-    ADD CONSTRAINT audit_entries_step_key_fkey FOREIGN KEY (step_key) REFERENCES public.operation_steps(step_key);
-
---
 -- Name: bookings bookings_slot_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2898,13 +2892,6 @@ ALTER TABLE ONLY public.policies
 
 ALTER TABLE ONLY public.reconciliation_decisions
     ADD CONSTRAINT reconciliation_decisions_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(id);
-
---
--- Name: reconciliation_decisions reconciliation_decisions_step_key_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.reconciliation_decisions
-    ADD CONSTRAINT reconciliation_decisions_step_key_fkey FOREIGN KEY (step_key) REFERENCES public.operation_steps(step_key);
 
 --
 -- Name: reconciliation_decisions reconciliation_decisions_truth_call_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -47,6 +47,7 @@ var (
 	errCrashPointNotHere    = errors.New("web: that crash point cannot be armed from a form")
 	errConfirmationRequired = errors.New("web: confirmation required")
 	errProviderRejected     = errors.New("web: the provider refused the cancellation")
+	errRetryRefusedAgain    = errors.New("web: the retried step was refused again")
 )
 
 // refusal is one refusal of a kind above (or of a domain sentinel), in the
@@ -96,6 +97,13 @@ var errorTable = []struct {
 	{operations.ErrResumeNotAllowed, http.StatusConflict, "resume-not-allowed", "This kind of operation is not resumed"},
 	{workflow.ErrNotLive, http.StatusConflict, "not-live", "Only a live operation can be cancelled"},
 	{workflow.ErrCancelRequested, http.StatusConflict, "cancel-already-requested", "A cancel of this operation was already requested"},
+	// A retry from a step (workflow/retry.go): one answer per unsafe case.
+	{workflow.ErrRetryNotStopped, http.StatusConflict, "retry-not-stopped", "Only a stopped operation is retried from a step"},
+	{workflow.ErrRetryNoSuchStep, http.StatusUnprocessableEntity, "validation-failed", "No such step"},
+	{workflow.ErrRetryStepUnknown, http.StatusConflict, "retry-step-unknown", "The step's outcome is unknown"},
+	{workflow.ErrRetryStepTookEffect, http.StatusConflict, "retry-step-took-effect", "The step took effect"},
+	{workflow.ErrRetryStepNotNext, http.StatusConflict, "retry-step-not-next", "The operation did not stop at that step"},
+	{workflow.ErrRetryAfterUndo, http.StatusConflict, "retry-after-undo", "What the earlier steps did was undone"},
 	{workflow.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
@@ -144,6 +152,7 @@ var errorTable = []struct {
 	{errCrashPointNotHere, http.StatusUnprocessableEntity, "invalid-crash-point", "Invalid crash point"},
 	{errConfirmationRequired, http.StatusUnprocessableEntity, "confirmation-required", "Confirmation required"},
 	{errProviderRejected, http.StatusUnprocessableEntity, "provider-rejected", "The provider refused the cancellation"},
+	{errRetryRefusedAgain, http.StatusConflict, "retry-refused-again", "The retried step was refused again"},
 }
 
 // toProblem turns any error a handler returned into a problem. Unknown
@@ -214,6 +223,16 @@ func enrich(p *problem.Problem, err error) *problem.Problem {
 	var notFailed *operations.NotFailedError
 	if errors.As(err, &notFailed) {
 		p.With("operation_status", notFailed.Status)
+	}
+	var retry *workflow.RetryRefusal
+	if errors.As(err, &retry) {
+		p.With("step", retry.Step).With("operation_status", retry.Status)
+		if retry.State != "" {
+			p.With("step_state", retry.State)
+		}
+		if errors.Is(err, workflow.ErrRetryNoSuchStep) {
+			p.With("field", "step")
+		}
 	}
 	var dup *policies.DuplicateIntentError
 	if errors.As(err, &dup) {

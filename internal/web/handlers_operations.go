@@ -129,17 +129,33 @@ func (app *App) handleGetOperation(c echo.Context) error {
 // the calls and the timeline, refreshing itself until the operation is
 // terminal.
 func (app *App) handleOperationPage(c echo.Context) error {
-	vm, err := app.operationPanel(c)
+	v, err := app.loadOperation(c.Request().Context(), c)
 	if err != nil {
 		return err
 	}
-	if u, _ := userFrom(c); u.IsAdmin() && vm.CancelState == "" &&
+	u, _ := userFrom(c)
+	vm, err := app.operationDetail(c.Request().Context(), v, u.IsAdmin())
+	if err != nil {
+		return err
+	}
+	if u.IsAdmin() && vm.CancelState == "" &&
 		(vm.Status == workflow.StatusInProgress || vm.Status == workflow.StatusRecovering) {
 		vm.Cancel = &views.ResumeForm{CSRF: csrfToken(c), Key: newFormKey()}
 	}
-	if u, _ := userFrom(c); u.IsAdmin() && vm.Status == workflow.StatusFailed {
+	if u.IsAdmin() && vm.Status == workflow.StatusFailed {
 		if vm.ResumeRefused = resumeRule(vm.Type); vm.ResumeRefused == "" {
 			vm.Resume = &views.ResumeForm{CSRF: csrfToken(c), Key: newFormKey()}
+		}
+	}
+	if u.IsAdmin() && vm.Resume == nil && (vm.Status == workflow.StatusFailed || vm.Status == workflow.StatusNeedsReconciliation) {
+		// A resumable FAILED operation is resumed (the same run again from
+		// its start); the retry from a step is for the rest (retry.go).
+		step, refusal := app.engine.RetryCandidate(v.Operation)
+		if refusal != nil {
+			vm.RetryRefused = publicDetail(refusal)
+		} else {
+			vm.RetryFrom = &views.RetryForm{CSRF: csrfToken(c), Key: newFormKey(), Step: step,
+				Seen: v.UpdatedAt.Format(time.RFC3339Nano)}
 		}
 	}
 	if c.QueryParam("notice") == "duplicate-intent" {

@@ -40,32 +40,33 @@ func (app *App) routes() *echo.Echo {
 
 	// JSON API: bearer tokens, no cookies, so no CSRF.
 	api := routeGroup{e: e, prefix: "/api/v1", middleware: []echo.MiddlewareFunc{app.authenticateBearer}}
-	api.GET("/policies", app.handleListPolicies)                                                                                      // the caller's policies, ?status=, paginated
-	api.GET("/policies/:id", app.handleGetPolicy)                                                                                     // one of the caller's policies
-	api.GET("/slots", app.handleListSlots)                                                                                            // every slot, ?status=, paginated
-	api.GET("/users", app.handleListUsers, requireAdmin)                                                                              // every account (admin)
-	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.answerWithOperationState, app.idempotentAPI())                       // cancel (Idempotency-Key)
-	api.GET("/operations", app.handleListOperations)                                                                                  // every operation (admin) or the caller's own: filters, counts per status, paginated
-	api.GET("/operations/:id", app.handleGetOperation)                                                                                // status, steps, timeline, provider truth; Prefer: wait=N waits for a final state
-	api.GET("/recovery", app.handleRecoveryAPI)                                                                                       // counts, live operations, recent recovery steps
-	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                                                       // operations that need a person (admin)
-	api.POST("/admin/operations/:id/resume", app.handleResumeAPI, requireAdmin, app.answerWithOperationState, app.idempotentAPI())    // a FAILED operation's next run (admin, Idempotency-Key)
-	api.POST("/operations/:id/cancel", app.handleCancelOperationAPI, requireAdmin, app.answerWithOperationState, app.idempotentAPI()) // cancel a live operation: stops before its next step (admin, Idempotency-Key)
-	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI())                                // a person's decision (admin, Idempotency-Key)
-	api.GET("/reconciliation", app.handleDeskAPI, requireAdmin)                                                                       // the desk: counts by reason and truth now, items with advice, ?reason= ?truth= (admin)
-	api.GET("/reconciliation/decisions", app.handleDecisionsAPI, requireAdmin)                                                        // the audit trail of decisions, newest first (admin)
-	api.POST("/reconciliation/decisions", app.handleDecisionsPostAPI, requireAdmin, app.idempotentAPI())                              // bulk decisions, each conditional and unambiguous (admin, Idempotency-Key)
-	api.POST("/reconciliation/ask", app.handleAskAPI, requireAdmin)                                                                   // ask the systems again; decides nothing (admin)
-	api.GET("/reconciliation/items/:id", app.handleEvidenceAPI, requireAdmin)                                                         // one item's evidence: calls, answers, ledger, timeline, decisions (admin)
-	api.GET("/events", app.handleEventsAPI, requireAdmin)                                                                             // the outbox, dedupe per consumer and layer, recent events with deliveries (admin)
-	api.GET("/mailbox", app.handleMailboxAPI)                                                                                         // the caller's messages from the notifications consumer
-	api.GET("/admin/events/injector", app.handleGetInjectorAPI, requireAdmin)                                                         // the redelivery injector's script (admin)
-	api.PUT("/admin/events/injector", app.handlePutInjectorAPI, requireAdmin)                                                         // replace it: {mode, consumer, count} (admin)
-	api.POST("/admin/events/:id/replay", app.handleReplayAPI, requireAdmin, app.idempotentAPI())                                      // a dead letter back to the relay (admin, Idempotency-Key)
-	api.GET("/labs", app.handleListLabsAPI)                                                                                           // every lab: what it teaches, its counts, its lines of code
-	api.GET("/labs/:name/runs", app.handleListLabRunsAPI)                                                                             // the caller's newest runs of a lab
-	api.POST("/labs/:name/runs", app.handleRunLabAPI, app.limitLabs, app.idempotentAPI())                                             // run a lab: broken, then correct (Idempotency-Key)
-	api.GET("/labs/:name/runs/:id", app.handleGetLabRunAPI)                                                                           // one run: counts and timelines (the timeout lab's operations, live)
+	api.GET("/policies", app.handleListPolicies)                                                                                          // the caller's policies, ?status=, paginated
+	api.GET("/policies/:id", app.handleGetPolicy)                                                                                         // one of the caller's policies
+	api.GET("/slots", app.handleListSlots)                                                                                                // every slot, ?status=, paginated
+	api.GET("/users", app.handleListUsers, requireAdmin)                                                                                  // every account (admin)
+	api.POST("/policies/:id/cancel", app.handleCancelPolicy, app.answerWithOperationState, app.idempotentAPI())                           // cancel (Idempotency-Key)
+	api.GET("/operations", app.handleListOperations)                                                                                      // every operation (admin) or the caller's own: filters, counts per status, paginated
+	api.GET("/operations/:id", app.handleGetOperation)                                                                                    // status, steps, timeline, provider truth; Prefer: wait=N waits for a final state
+	api.GET("/recovery", app.handleRecoveryAPI)                                                                                           // counts, live operations, recent recovery steps
+	api.GET("/admin/reconciliation", app.handleReconciliationAPI, requireAdmin)                                                           // operations that need a person (admin)
+	api.POST("/admin/operations/:id/resume", app.handleResumeAPI, requireAdmin, app.answerWithOperationState, app.idempotentAPI())        // a FAILED operation's next run (admin, Idempotency-Key)
+	api.POST("/admin/operations/:id/retry-from", app.handleRetryFromAPI, requireAdmin, app.answerWithOperationState, app.idempotentAPI()) // retry a stopped operation from the step it stopped at, where safe (admin, Idempotency-Key)
+	api.POST("/operations/:id/cancel", app.handleCancelOperationAPI, requireAdmin, app.answerWithOperationState, app.idempotentAPI())     // cancel a live operation: stops before its next step (admin, Idempotency-Key)
+	api.POST("/admin/operations/:id/resolve", app.handleResolveAPI, requireAdmin, app.idempotentAPI())                                    // a person's decision (admin, Idempotency-Key)
+	api.GET("/reconciliation", app.handleDeskAPI, requireAdmin)                                                                           // the desk: counts by reason and truth now, items with advice, ?reason= ?truth= (admin)
+	api.GET("/reconciliation/decisions", app.handleDecisionsAPI, requireAdmin)                                                            // the audit trail of decisions, newest first (admin)
+	api.POST("/reconciliation/decisions", app.handleDecisionsPostAPI, requireAdmin, app.idempotentAPI())                                  // bulk decisions, each conditional and unambiguous (admin, Idempotency-Key)
+	api.POST("/reconciliation/ask", app.handleAskAPI, requireAdmin)                                                                       // ask the systems again; decides nothing (admin)
+	api.GET("/reconciliation/items/:id", app.handleEvidenceAPI, requireAdmin)                                                             // one item's evidence: calls, answers, ledger, timeline, decisions (admin)
+	api.GET("/events", app.handleEventsAPI, requireAdmin)                                                                                 // the outbox, dedupe per consumer and layer, recent events with deliveries (admin)
+	api.GET("/mailbox", app.handleMailboxAPI)                                                                                             // the caller's messages from the notifications consumer
+	api.GET("/admin/events/injector", app.handleGetInjectorAPI, requireAdmin)                                                             // the redelivery injector's script (admin)
+	api.PUT("/admin/events/injector", app.handlePutInjectorAPI, requireAdmin)                                                             // replace it: {mode, consumer, count} (admin)
+	api.POST("/admin/events/:id/replay", app.handleReplayAPI, requireAdmin, app.idempotentAPI())                                          // a dead letter back to the relay (admin, Idempotency-Key)
+	api.GET("/labs", app.handleListLabsAPI)                                                                                               // every lab: what it teaches, its counts, its lines of code
+	api.GET("/labs/:name/runs", app.handleListLabRunsAPI)                                                                                 // the caller's newest runs of a lab
+	api.POST("/labs/:name/runs", app.handleRunLabAPI, app.limitLabs, app.idempotentAPI())                                                 // run a lab: broken, then correct (Idempotency-Key)
+	api.GET("/labs/:name/runs/:id", app.handleGetLabRunAPI)                                                                               // one run: counts and timelines (the timeout lab's operations, live)
 
 	// Lab controls (admin). No Idempotency-Key: they set up the experiment,
 	// and setting a value or resetting is idempotent by nature (docs/api.md).
@@ -150,6 +151,8 @@ func (app *App) routes() *echo.Echo {
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // resume a FAILED operation (keyed form, admin)
 	e.POST("/operations/:id/cancel", app.handleCancelOperationForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // cancel a live operation (keyed form, admin)
+	e.POST("/operations/:id/retry-from", app.handleRetryFromForm,
+		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // retry a stopped operation from a step, where safe (keyed form, admin)
 	e.POST("/reconciliation/:id/resolve", app.handleResolveForm,
 		append(adminOnly[:len(adminOnly):len(adminOnly)], app.idempotentForm())...) // a decision (keyed form)
 	e.POST("/reconciliation/decide", app.handleDecideForm,

@@ -124,7 +124,11 @@ func (e *Engine) Callback(ctx context.Context, cb Callback) (CallbackResult, err
 			return err
 		}
 		var opID int64
-		err = tx.QueryRow(ctx, `SELECT operation_id FROM operation_steps WHERE step_key = $1`, cb.StepKey).Scan(&opID)
+		err = tx.QueryRow(ctx, `
+			SELECT operation_id
+			  FROM operation_steps
+			 WHERE step_key = $1
+			   AND carried_from_run IS NULL -- the step that sent it, not a retry's copy (operation_steps_step_key_key)`, cb.StepKey).Scan(&opID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			res.Outcome, res.Detail = CallbackUnknownStep, "no step has the key "+cb.StepKey+": kept for a person"
 			return e.settleInbox(ctx, tx, cb, res)

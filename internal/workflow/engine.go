@@ -88,7 +88,8 @@ type Owner struct {
 
 // StartFunc records a new operation's intent — its first step — in tx, as
 // owner, and returns it: a new operation, or a FAILED one started again
-// (next run). Business refusals are returned wrapped in Refused. When the
+// (next run) — with its run's steps when the start laid them out itself (a
+// retry from a step: RetryFrom). Business refusals are returned wrapped in Refused. When the
 // request that started an existing operation comes back (same request key:
 // its first attempt died before answering), it returns that operation with
 // existing true: nothing runs again, the answer is the operation as it is.
@@ -139,8 +140,10 @@ func (e *Engine) Start(ctx context.Context, typ, actor string, start StartFunc, 
 			return hooks.RunFinish(ctx, tx, result, nil)
 		}
 		r = e.runner(def, op, actor)
-		if err := r.insertSteps(ctx, tx); err != nil {
-			return err
+		if op.Steps == nil { // a retry from a step lays its run out itself (RetryFrom)
+			if err := r.insertSteps(ctx, tx); err != nil {
+				return err
+			}
 		}
 		r.crash(ctx, crashAfter(def.Steps[0].Name))
 		if next, err = r.advance(ctx, tx, true); err != nil {

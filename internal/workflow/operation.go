@@ -146,6 +146,10 @@ type StepRecord struct {
 	Answer     json.RawMessage `json:"answer"`
 	Truth      *string         `json:"truth"`
 	UpdatedAt  time.Time       `json:"updated_at"`
+	// CarriedFromRun: the step was done in that earlier run and carried
+	// into this one by a retry from a later step (retry.go), under the key
+	// it was done with; nil: this run does it.
+	CarriedFromRun *int `json:"carried_from_run"`
 }
 
 // External reports whether the step calls another system.
@@ -179,7 +183,7 @@ func scanOperation(row pgx.Row, prefix ...any) (Operation, error) {
 
 // stepColumns is the select list scanStep reads, in order.
 const stepColumns = `position, name, step_key, system, state, attempts, deadline_at, sent_at, finished_at,
-	request, answer, truth, updated_at`
+	request, answer, truth, updated_at, carried_from_run`
 
 func scanStep(row pgx.Row) (StepRecord, error) {
 	var s StepRecord
@@ -189,7 +193,7 @@ func scanStep(row pgx.Row) (StepRecord, error) {
 
 func stepDest(s *StepRecord) []any {
 	return []any{&s.Position, &s.Name, &s.Key, &s.System, &s.State, &s.Attempts, &s.DeadlineAt, &s.SentAt,
-		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt}
+		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt, &s.CarriedFromRun}
 }
 
 // OperationColumns is the operation select list for other packages' reads

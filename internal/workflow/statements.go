@@ -29,6 +29,8 @@ var statements = map[string]string{
 	"workflow.sqlRequestCancel":    sqlRequestCancel,
 	"workflow.sqlStepsCancelled":   sqlStepsCancelled,
 	"workflow.sqlCancelSetAside":   sqlCancelSetAside,
+	"workflow.sqlRetryFrom":        sqlRetryFrom,
+	"workflow.sqlCarrySteps":       sqlCarrySteps,
 }
 
 // statementNames is statements the other way round: the runner records a
