@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/idemlab/idemlab"
 )
 
 // Lab is one lesson: a scenario, its variants, and what to read.
@@ -137,50 +135,6 @@ var errCrashed = errors.New("labs: crashed at the lab's crash point")
 
 // ErrUnknownLab: no lab has that name.
 var ErrUnknownLab = errors.New("labs: no such lab")
-
-// catalogue is every lab, in the order of the list.
-var catalogue = []*Lab{
-	redisLab,
-	fencingLab,
-	claimLab,
-	inboxLab,
-	relayLab,
-	nullLab,
-	compensationLab,
-	beliefLab,
-	statusLab,
-	timeoutsLab,
-	callbacksLab,
-	orderingLab,
-}
-
-// The lines are found once, at start-up: the embedded source cannot change.
-func init() {
-	for _, l := range catalogue {
-		for i := range l.Code {
-			l.Code[i].Line = idemlab.LineOf(l.Code[i].Path, l.Code[i].Text)
-		}
-	}
-}
-
-// All lists the labs in order.
-func All() []Lab {
-	out := make([]Lab, len(catalogue))
-	for i, l := range catalogue {
-		out[i] = *l
-	}
-	return out
-}
-
-// Find returns the lab called name.
-func Find(name string) (Lab, bool) {
-	for _, l := range catalogue {
-		if l.Name == name {
-			return *l, true
-		}
-	}
-	return Lab{}, false
-}
 
 // held says whether the variant ran and none of its bad counts is above zero.
 func (l *Lab) held(v Variant) bool {

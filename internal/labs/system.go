@@ -39,12 +39,6 @@ const callsPath = "/v1/calls"
 
 var fakeRequests = fault.NewTable("labs", "fake_requests")
 
-type fakeSystem struct {
-	fault.Service
-	srv *http.Server
-	url string
-}
-
 // system returns the fake system called name, starting it on first use.
 func (l *Labs) system(name string) (*fakeSystem, error) {
 	l.mu.Lock()
@@ -67,11 +61,6 @@ func (l *Labs) system(name string) (*fakeSystem, error) {
 	go s.srv.Serve(ln)
 	l.systems[name] = s
 	return s, nil
-}
-
-func (s *fakeSystem) close() {
-	s.Service.Close() // releases every held request first
-	s.srv.Close()
 }
 
 // client returns a client of the system whose calls give up after timeout.

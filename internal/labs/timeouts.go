@@ -50,18 +50,6 @@ var timeoutsLab = &Lab{
 	run: runTimeouts,
 }
 
-// TimeoutsDeps is what the timeout lab needs of the app: its cancellation
-// workflow, and the provider's control API to schedule the faults.
-type TimeoutsDeps struct {
-	Canceller *policies.Canceller
-	Provider  interface {
-		SetFaults(ctx context.Context, f fault.Fault) (fault.Config, error)
-	}
-	// ProviderTimeout is how long the app waits for the provider
-	// (PROVIDER_TIMEOUT): the slow call is made slower than that.
-	ProviderTimeout time.Duration
-}
-
 // TimeoutLabAccount owns the timeout lab's policies. It has no password
 // and no token anybody knows: nobody signs in as it.
 const TimeoutLabAccount = "timeout-lab"
