@@ -297,6 +297,9 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 		}
 		return "Finished: every step is done.", "", nil
 	case workflow.StatusFailed:
+		if op.CancelRequestedAt != nil { // stopped by a person, not refused: the cancel-state line says how
+			return "Finished early: an admin stopped it, and nothing was left half done.", "", nil
+		}
 		switch op.Type {
 		case slots.OperationBookDeposit:
 			return "Finished without booking: the deposit was not charged, and the hold on the slot was released — nothing was left half done.", "", nil
