@@ -65,6 +65,7 @@ func TestBrokerAwayIsNamedNotCalledBroken(t *testing.T) {
 	if !strings.Contains(body, "NATS does not answer at nats://127.0.0.1:1") || !strings.Contains(body, "The outbox keeps every event") {
 		t.Errorf("the banner does not name the cause:\n%s", body)
 	}
+	assertCauseInWords(t, body)
 	if strings.Contains(body, `data-testid="invariant-banner"`) {
 		t.Errorf("a broker that is away is called a broken invariant:\n%s", body)
 	}
@@ -124,4 +125,62 @@ func TestBrowserBrokerAwayBanner(t *testing.T) {
 		t.Fatal(err)
 	}
 	shoot(t, ctx, "events")
+}
+
+// assertCauseInWords: the amber banner says why in words
+// (events.BrokerCause), never a client's error text.
+func assertCauseInWords(t *testing.T, body string) {
+	t.Helper()
+	i := strings.Index(body, `data-testid="broker-away"`)
+	if i < 0 {
+		t.Fatal("no amber banner")
+	}
+	banner := body[i:min(len(body), i+strings.Index(body[i:], "</div>"))]
+	for _, raw := range []string{"dial tcp", "connect:", "nats: ", "events: ", "kgo", "unable to dial", "context deadline"} {
+		if strings.Contains(banner, raw) {
+			t.Errorf("the banner quotes an error (%q): %s", raw, banner)
+		}
+	}
+	if !slices.ContainsFunc([]string{"nothing listens there", "does not answer in time", "does not resolve", "connection was closed",
+		"JetStream is not enabled", "no server answers", "this one cannot tell"}, func(w string) bool { return strings.Contains(banner, w) }) {
+		t.Errorf("the banner does not say the cause in words: %s", banner)
+	}
+}
+
+// Kafka's broker away (issue 29): the same amber banner as NATS's, naming
+// Kafka and the cause in words; invariant 9's waiting events are not red.
+func TestKafkaBrokerAwayIsNamedNotCalledBroken(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_TRANSPORT": "kafka", "KAFKA_BROKERS": "127.0.0.1:1"})
+	oldEvent(t, s, "PENDING")
+	body := adminPageUntil(t, s, "/recovery", func(b string) bool { return strings.Contains(b, `data-testid="broker-away"`) })
+	if !strings.Contains(body, "Kafka does not answer at 127.0.0.1:1") {
+		t.Errorf("the banner does not name Kafka:\n%s", body)
+	}
+	assertCauseInWords(t, body)
+	if strings.Contains(body, `data-testid="invariant-banner"`) {
+		t.Errorf("Kafka away is called a broken invariant:\n%s", body)
+	}
+}
+
+// A process that runs no relay (EVENTS_WORKERS=off; web events delivers)
+// cannot tell whether that process runs or its broker answers: events
+// waiting long are named amber, with that said — not red — and not at all
+// while none waits.
+func TestNoWorkersHereIsNamedNotCalledBroken(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	quiet := adminPageUntil(t, s, "/recovery", func(string) bool { return true })
+	if strings.Contains(quiet, `data-testid="broker-away"`) {
+		t.Errorf("with nothing waiting, a process without a relay shows the amber banner:\n%s", quiet)
+	}
+	oldEvent(t, s, "PENDING")
+	body := adminPageUntil(t, s, "/recovery", func(b string) bool { return strings.Contains(b, `data-testid="broker-away"`) })
+	if !strings.Contains(body, "EVENTS_WORKERS=off") {
+		t.Errorf("the banner does not say this process runs no relay:\n%s", body)
+	}
+	assertCauseInWords(t, body)
+	if strings.Contains(body, `data-testid="invariant-banner"`) {
+		t.Errorf("events waiting for another process are called a broken invariant:\n%s", body)
+	}
 }

@@ -171,8 +171,15 @@ func newEventsRuntime(cfg eventsConfig, pool, listen *pgxpool.Pool, instance str
 	metrics *events.Metrics, logger *slog.Logger) *eventsRuntime {
 	er := &eventsRuntime{cfg: cfg, pool: pool, listen: listen, logger: logger, crash: sw, metrics: metrics,
 		injector: events.NewInjector(pool), instance: instance}
-	if cfg.Transport == events.TransportNATS && cfg.Workers { // where this process runs the relay
+	switch {
+	case !cfg.Workers: // another process (web events) runs the relay
+		er.broker = events.NewBrokerElsewhere()
+	case cfg.Transport == events.TransportNATS:
 		er.broker = events.NewBrokerState("NATS", cfg.NATSURL)
+	case cfg.Transport == events.TransportKafka:
+		er.broker = events.NewBrokerState("Kafka", cmp.Or(strings.Join(cfg.KafkaBrokers, ","), cfg.KafkaAddr))
+	case cfg.Transport == events.TransportTasks:
+		er.broker = events.NewBrokerState("The task queue", cmp.Or(cfg.Tasks.URL, "the embedded queue"))
 	}
 	return er
 }
@@ -242,6 +249,7 @@ func (er *eventsRuntime) runKafka(ctx context.Context) {
 			Partitions: int32(er.cfg.KafkaPartitions), SessionTimeout: er.cfg.KafkaSessionTimeout,
 			PollInterval: er.cfg.AckWait, Logger: er.logger})
 		if err != nil {
+			er.broker.Away(err)
 			er.logger.Warn("events: kafka topic not ready; the outbox keeps the events meanwhile", "err", err)
 			if !sleepCtx(ctx, 2*time.Second) {
 				return
@@ -249,6 +257,7 @@ func (er *eventsRuntime) runKafka(ctx context.Context) {
 		}
 	}
 	defer k.Close()
+	er.broker.Answering()
 	relay, err := er.relay(k)
 	if err != nil {
 		er.logger.Error("events: relay", "err", err)
@@ -288,7 +297,12 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 	nc, err := nats.Connect(er.cfg.NATSURL, nats.Name("idemlab "+er.instance),
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 		// what the admin pages say of the broker (events.BrokerState)
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { er.broker.Away(err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			er.broker.Away(err) // in words on the pages; the error itself in the log
+			if err != nil {
+				er.logger.Warn("events: NATS disconnected; the outbox keeps the events meanwhile", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(*nats.Conn) { er.broker.Answering() }))
 	if err != nil {
 		er.broker.Away(err)

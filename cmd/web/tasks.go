@@ -130,10 +130,12 @@ func (er *eventsRuntime) runTasks(ctx context.Context) {
 	pub, err := events.NewTasks(events.TasksConfig{QueueURL: queueURL, PushURL: tc.PushURL + strings.TrimSuffix(events.PushPath, "/"),
 		PushToken: tc.PushToken, DispatchDeadline: er.cfg.AckWait, DedupeWindow: tc.DedupeWindow})
 	if err != nil {
+		er.broker.Away(err)
 		er.logger.Error("events: tasks", "err", err)
 		return
 	}
 	defer pub.Close()
+	er.broker.Answering()
 	relay, err := er.relay(pub)
 	if err != nil {
 		er.logger.Error("events: relay", "err", err)

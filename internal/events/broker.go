@@ -1,7 +1,12 @@
 package events
 
 import (
+	"context"
+	"errors"
+	"io"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -11,12 +16,16 @@ import (
 // every event until it answers — from a promise broken while it answers
 // (an event published and then lost).
 type BrokerState struct {
-	mu    sync.Mutex
-	name  string // "NATS"
-	addr  string // where it is asked: "nats://127.0.0.1:4222"
-	away  bool
-	since time.Time
-	why   string
+	mu sync.Mutex
+	// elsewhere: this process runs no relay (EVENTS_WORKERS=off); another
+	// process (web events) delivers the events, and this one cannot tell
+	// whether it runs or whether its broker answers.
+	elsewhere bool
+	name      string // "NATS"
+	addr      string // where it is asked: "nats://127.0.0.1:4222"
+	away      bool
+	since     time.Time
+	why       string
 }
 
 // NewBrokerState is the state of the broker name at addr, away until it
@@ -25,8 +34,15 @@ func NewBrokerState(name, addr string) *BrokerState {
 	return &BrokerState{name: name, addr: addr, away: true, since: time.Now(), why: "not reached yet"}
 }
 
-// Away records that the broker does not answer; err says why (nil: no
-// reason given). The first of a run of Away calls fixes since.
+// NewBrokerElsewhere is the state of a process that runs no relay
+// (EVENTS_WORKERS=off): its events are delivered by another process.
+func NewBrokerElsewhere() *BrokerState {
+	return &BrokerState{elsewhere: true, name: "web events", since: time.Now(), why: "this process runs no relay (EVENTS_WORKERS=off)"}
+}
+
+// Away records that the broker does not answer; err says why, in words
+// (BrokerCause: the pages never quote a driver's error text; the caller
+// logs it). The first of a run of Away calls fixes since.
 func (b *BrokerState) Away(err error) {
 	if b == nil {
 		return
@@ -36,10 +52,40 @@ func (b *BrokerState) Away(err error) {
 	if !b.away {
 		b.away, b.since = true, time.Now()
 	}
-	b.why = "no reason given"
-	if err != nil {
-		b.why = err.Error()
+	b.why = BrokerCause(err)
+}
+
+// BrokerCause says in words why a broker does not answer, from the error
+// its client gave: what a reader of the page can act on, never the error's
+// own text (which names Go types and internals, and is in the log).
+func BrokerCause(err error) string {
+	if err == nil {
+		return "no reason given"
 	}
+	msg := strings.ToLower(err.Error())
+	has := func(parts ...string) bool {
+		for _, p := range parts {
+			if strings.Contains(msg, p) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED) || has("connection refused"):
+		return "nothing listens there: the connection is refused"
+	case has("no such host", "server misbehaving"):
+		return "its host name does not resolve"
+	case errors.Is(err, context.DeadlineExceeded) || has("timeout", "timed out", "i/o timeout"):
+		return "it does not answer in time"
+	case has("jetstream not enabled", "no responders"):
+		return "it answers, but JetStream is not enabled there"
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || has("connection reset", "connection closed", "broken pipe", "eof"):
+		return "the connection was closed"
+	case has("no servers available"):
+		return "no server answers"
+	}
+	return "its client gave an error (the log has it)"
 }
 
 // Answering records that the broker answers again.
@@ -55,6 +101,7 @@ func (b *BrokerState) Answering() {
 // BrokerStatus is a BrokerState read at one moment.
 type BrokerStatus struct {
 	Name, Addr string
+	Elsewhere  bool // this process runs no relay (NewBrokerElsewhere)
 	Away       bool
 	Since      time.Time
 	Why        string
@@ -68,5 +115,5 @@ func (b *BrokerState) Status() BrokerStatus {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return BrokerStatus{Name: b.name, Addr: b.addr, Away: b.away, Since: b.since, Why: b.why}
+	return BrokerStatus{Name: b.name, Addr: b.addr, Elsewhere: b.elsewhere, Away: b.away || b.elsewhere, Since: b.since, Why: b.why}
 }

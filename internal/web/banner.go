@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,10 +72,23 @@ const brokerGrace = 5 * time.Second
 // brokerAway says, while this process's broker does not answer, what that
 // means: the cause, and that the outbox keeps every event ("" while it
 // answers).
-func (app *App) brokerAway() string {
+//
+// The cause is in words (events.BrokerCause), never the client's error
+// text. A process that runs no relay (EVENTS_WORKERS=off) cannot tell
+// whether the one that does runs: it says so, and only while events wait.
+func (app *App) brokerAway(ctx context.Context) string {
 	st := app.broker.Status()
 	if !st.Away || time.Since(st.Since) < brokerGrace {
 		return ""
+	}
+	if st.Elsewhere {
+		if !slices.ContainsFunc(app.violationsNow(ctx), func(v invariants.Violation) bool { return v.Undelivered }) {
+			return ""
+		}
+		return "This process runs no relay (EVENTS_WORKERS=off): another process, web events, delivers the events, " +
+			"and events written long ago are not delivered yet — that process may not be running, or its broker may not " +
+			"answer; this one cannot tell. The outbox keeps every event: none is lost, and each is delivered once a " +
+			"relay runs. Until then customers' mailboxes and the ledger wait."
 	}
 	return fmt.Sprintf("%s does not answer at %s (since %s: %s). The outbox keeps every event: none is lost, "+
 		"and the relay sends each one once %s answers. Until then customers' mailboxes and the ledger wait, "+

@@ -214,7 +214,7 @@ func (app *App) handleEventsPage(c echo.Context) error {
 	}
 	v := views.EventsView{
 		Admin: u.IsAdmin(), Instance: app.cfg.InstanceID, Transport: o.Transport, Guarantee: guarantees[o.Transport],
-		Broker: app.cfg.EventsBroker, BrokerAway: app.brokerAway(),
+		Broker: app.cfg.EventsBroker, BrokerAway: app.brokerAway(ctx),
 		Pending: o.Pending, Sent: o.Sent, Dead: o.Dead, BrokerDups: o.BrokerDuplicates,
 		ConsumerNames: events.Consumers, ReplayKey: newFormKey, Transports: app.transportRows(o),
 	}

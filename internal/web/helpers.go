@@ -47,7 +47,7 @@ func (app *App) page(c echo.Context, title, nav string) views.Page {
 	if u.IsAdmin() {
 		p.Waiting, _ = app.desk.CountWaiting(c.Request().Context()) // the badge; 0 if the count fails
 		p.Broken = app.brokenNow(c.Request().Context())
-		p.BrokerAway = app.brokerAway()
+		p.BrokerAway = app.brokerAway(c.Request().Context())
 	}
 	return p
 }
