@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -104,4 +105,39 @@ func TestBrowserOrderingLab(t *testing.T) {
 	}
 	t.Parallel()
 	browseLabs(t, []string{"ordering"})
+}
+
+// The Events page says how often the history consumer restored order:
+// an event applied after parking is counted, at 1280 and 390 px.
+func TestBrowserEventsPageCountsParkedEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_TRANSPORT": "river"})
+	// One booking whose release came before its confirmation: parked, then
+	// applied after it (what events.History writes).
+	_, err := s.DB.Pool.Exec(context.Background(), `
+		WITH h AS (INSERT INTO histories (key, version, state) VALUES ('booking:1', 2, 'released'))
+		INSERT INTO history_events (key, seq, event_id, type, parked_at)
+		VALUES ('booking:1', 1, gen_random_uuid(), 'booking.confirmed', NULL),
+		       ('booking:1', 2, gen_random_uuid(), 'booking.released', now())`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := browsertest.New(t)
+	var parked string
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`body`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/events"),
+		chromedp.Text(`[data-testid="history-parked-then-applied"]`, &parked, chromedp.ByQuery),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if parked != "1" {
+		t.Errorf("parked then applied: %q, want 1", parked)
+	}
+	shoot(t, ctx, "events-history")
 }

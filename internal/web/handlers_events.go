@@ -216,6 +216,7 @@ func (app *App) handleEventsPage(c echo.Context) error {
 		Admin: u.IsAdmin(), Instance: app.cfg.InstanceID, Transport: o.Transport, Guarantee: guarantees[o.Transport],
 		Broker: app.cfg.EventsBroker, BrokerAway: app.brokerAway(ctx),
 		Pending: o.Pending, Sent: o.Sent, Dead: o.Dead, BrokerDups: o.BrokerDuplicates,
+		History:       views.HistoryOrder{Aggregates: o.History.Aggregates, ParkedThenApplied: o.History.ParkedThenApplied, ParkedNow: o.History.ParkedNow},
 		ConsumerNames: events.Consumers, ReplayKey: newFormKey, Transports: app.transportRows(o),
 	}
 	switch o.Transport {
