@@ -25,6 +25,8 @@ type config struct {
 	Clients    int
 	Timeout    time.Duration // each client attempt's timeout
 	DoubleSend float64
+	// StopChance: the chance an admin cancels a live operation a cancel left in progress.
+	StopChance float64
 	Users      int
 	Policies   int // per user
 	Slots      int
@@ -83,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.Clients, "clients", 8, "clients acting at once")
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "each client attempt's timeout")
 	fs.Float64Var(&c.DoubleSend, "double-send", 0.1, "chance that an intent's first attempt is sent twice at once, to two instances")
+	fs.Float64Var(&c.StopChance, "stop", 0.3, "chance that an admin cancels a live operation a customer's cancel left in progress (answered 202)")
 	// Enough for about 15 minutes: about 5 cancellations a second use up
 	// policies, and the 5 % of bookings never released use up slots.
 	fs.IntVar(&c.Users, "users", 100, "customers in the dataset")
@@ -175,7 +178,7 @@ func (c config) appEnv(dbURL string) []string {
 func (c config) settings() []string {
 	return []string{
 		fmt.Sprintf("duration=%s drain=%s seed=%d", c.Duration, c.Drain, c.Seed),
-		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.Users, c.Policies, c.Slots),
+		fmt.Sprintf("instances=%d clients=%d timeout=%s double-send=%.2f stop=%.2f users=%d policies-per-user=%d slots=%d", c.Instances, c.Clients, c.Timeout, c.DoubleSend, c.StopChance, c.Users, c.Policies, c.Slots),
 		fmt.Sprintf("kill-every=%s crash-share=%.2f pause-every=%s delay-every=%s hold-share=%.2f flip-every=%s not-idempotent-share=%.2f db-every=%s failover-every=%s nats-nodes=%d nats-kill-every=%s",
 			c.KillEvery, c.CrashShare, c.PauseEvery, c.DelayEvery, c.HoldShare, c.FlipEvery, c.NotIdempotentShare, c.DBEvery, c.FailoverEvery, c.NATSNodes, c.NATSKillEvery),
 		fmt.Sprintf("EVENTS_TRANSPORT=%s callbacks=%s callback-every=%s reorder-every=%s", c.Transport, c.Callbacks, c.CallbackEvery, c.ReorderEvery),

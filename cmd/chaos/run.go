@@ -315,7 +315,7 @@ func (r *chaosRun) execute(ctx context.Context) (int, error) {
 	defer stopClients()
 	clients := workload.Start(clientCtx, workload.Config{
 		Clients: r.cfg.Clients, Timeout: r.cfg.Timeout, DoubleSend: r.cfg.DoubleSend,
-		ReleaseChance: 0.95, Seed: r.cfg.Seed, Nonce: fmt.Sprintf("%d-%d", r.cfg.Seed, time.Now().UnixNano()%1e9),
+		ReleaseChance: 0.95, StopChance: r.cfg.StopChance, AdminToken: adminToken, Seed: r.cfg.Seed, Nonce: fmt.Sprintf("%d-%d", r.cfg.Seed, time.Now().UnixNano()%1e9),
 	}, r.data, r.instances(), r.log)
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, r.cfg.Duration)

@@ -99,6 +99,8 @@ type Operation struct {
 	PolicyID int64  `json:"policy_id"`
 	Status   string `json:"status"`
 	Key      string `json:"idempotency_key"`
+	// CancelRequestedAt is set when an admin cancelled it while it ran.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at"`
 	// Truth is the provider's, asked just now ("" when it could not be).
 	Truth string `json:"provider_truth_now"`
 	// Stuck is the step the operation stands at (the first not DONE), its
@@ -293,8 +295,15 @@ func Exits(_ []history.Intent, faults []history.Fault, _ EndState) []Violation {
 func LastResort(_ []history.Intent, _ []history.Fault, end EndState) []Violation {
 	var vs []Violation
 	for _, op := range end.Waiting {
-		if op.StuckState != "SENT" && op.StuckState != "UNKNOWN" {
+		switch {
+		case op.StuckState != "SENT" && op.StuckState != "UNKNOWN":
 			continue // a definite refusal after effects that stand: a person's by design
+		case op.CancelRequestedAt != nil:
+			// Cancelled by an admin after the provider's cancellation took
+			// effect: nothing undoes it and the cancel forbids sending the
+			// rest, so a person decides whatever the stuck step's truth
+			// (docs/workflows.md, cancelling a live operation).
+			continue
 		}
 		switch op.StuckTruth {
 		case "COMPLETED", "REJECTED", "NOT_STARTED":

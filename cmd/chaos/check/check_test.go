@@ -305,3 +305,46 @@ func TestKinds5xxNamesTheLoggedCause(t *testing.T) {
 		}
 	}
 }
+
+// withStop adds an admin's stop of operation 101 (left live by intent 5's
+// 202), answered a.
+func withStop(intents []history.Intent, end EndState, a history.Attempt) []history.Intent {
+	intents = append(intents, history.Intent{ID: 8, Kind: history.Stop, User: "admin", Key: "k8", Subject: 101, Parent: 5,
+		Attempts: []history.Attempt{a}})
+	end.Replays[8] = replayOf(a)
+	return intents
+}
+
+func TestAStopThatEndedTheOperationFailedPasses(t *testing.T) {
+	intents, faults, end := clean()
+	intents = withStop(intents, end, ans(202, "", `{"id":101,"status":"IN_PROGRESS"}`))
+	end.Operations[101] = Operation{ID: 101, PolicyID: 11, Status: "FAILED", Key: "k5"}
+	end.Policies[11] = "ACTIVE"
+	delete(end.Effects, 11)
+	if vs := Run(intents, faults, end); len(vs) != 0 {
+		t.Errorf("violations: %+v", vs)
+	}
+}
+
+func TestMeaningFailsWhenAStoppedOperationSucceeded(t *testing.T) {
+	intents, faults, end := clean()
+	intents = withStop(intents, end, ans(202, "", `{"id":101,"status":"IN_PROGRESS"}`))
+	only(t, Run(intents, faults, end), "meaning", "marked cancelled (202); the operation ended SUCCEEDED")
+}
+
+func TestMeaningFailsOnAStopAnsweredAlreadyRequested(t *testing.T) {
+	intents, faults, end := clean()
+	intents = withStop(intents, end, ans(409, "cancel-already-requested", `{}`))
+	only(t, Run(intents, faults, end), "meaning", "yet answered already requested")
+}
+
+func TestLastResortLeavesACancelledOperationToAPerson(t *testing.T) {
+	intents, faults, end := clean()
+	end.Waiting = []Operation{{ID: 101, PolicyID: 11, Status: "NEEDS_RECONCILIATION", Stuck: "refund", StuckState: "UNKNOWN", StuckTruth: "NOT_STARTED"}}
+	only(t, Run(intents, faults, end), "last-resort", "waits for a person at refund")
+	// Cancelled by an admin after the provider's effect: a person's by design.
+	end.Waiting[0].CancelRequestedAt = &t0
+	if vs := LastResort(intents, faults, end); len(vs) != 0 {
+		t.Errorf("a cancelled operation waiting for a person: %+v", vs)
+	}
+}

@@ -40,6 +40,8 @@ func Meaning(intents []history.Intent, _ []history.Fault, end EndState) []Violat
 			problem = bookMeaning(in, a, end, released[in.ID])
 		case history.Release:
 			problem = releaseMeaning(in, a, end)
+		case history.Stop:
+			problem = stopMeaning(in, a, end)
 		}
 		if problem != "" {
 			vs = append(vs, violation("meaning", in, "%s", problem))
@@ -132,6 +134,31 @@ func releaseMeaning(in *history.Intent, a *history.Attempt, end EndState) string
 		}
 	case a.Status == 409 && a.Problem == "booking-not-confirmed":
 		return fmt.Sprintf("booking %d released by this key alone, yet answered already released", in.Subject)
+	default:
+		return "unexpected answer " + a.Label()
+	}
+	return ""
+}
+
+// stopMeaning: an admin's cancel of a live operation. 202 → it was
+// marked while live, so it never SUCCEEDED: every write that begins a step
+// is fenced by the mark, the last one too — it ended FAILED (the policy
+// ACTIVE: nothing done elsewhere, or undone) or waits for a person (what
+// the provider did stands). 409 not-live → it had finished (or waited for
+// a person) first. A cancel-already-requested is wrong here: each
+// operation is stopped by one key.
+func stopMeaning(in *history.Intent, a *history.Attempt, end EndState) string {
+	op, ok := end.Operations[in.Subject]
+	switch {
+	case !ok:
+		return fmt.Sprintf("stopped operation %d, which no answer named", in.Subject)
+	case a.Status == 202 && op.Status == "FAILED" && end.Policies[op.PolicyID] != "ACTIVE":
+		return fmt.Sprintf("marked cancelled (202); the operation FAILED, the policy is %s", end.Policies[op.PolicyID])
+	case a.Status == 202 && op.Status != "FAILED" && op.Status != "NEEDS_RECONCILIATION":
+		return fmt.Sprintf("marked cancelled (202); the operation ended %s", op.Status)
+	case a.Status == 202, a.Status == 409 && a.Problem == "not-live":
+	case a.Status == 409 && a.Problem == "cancel-already-requested":
+		return fmt.Sprintf("operation %d stopped by this key alone, yet answered already requested", in.Subject)
 	default:
 		return "unexpected answer " + a.Label()
 	}

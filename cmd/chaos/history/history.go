@@ -23,6 +23,7 @@ const (
 	Cancel  = "cancel"  // cancel a policy
 	Book    = "book"    // book a slot
 	Release = "release" // release a booking this client made
+	Stop    = "stop"    // an admin cancels a live operation a cancel intent left in progress (Parent)
 )
 
 // Intent is one thing a client wants done, sent under one Idempotency-Key

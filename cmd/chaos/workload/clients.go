@@ -22,8 +22,15 @@ type Config struct {
 	DoubleSend float64
 	// ReleaseChance is the chance a client releases a booking it made.
 	ReleaseChance float64
-	Seed          uint64
-	Nonce         string // makes this run's keys unique
+	// StopChance is the chance that a cancel answered 202 (its outcome
+	// unknown: the operation live) is cancelled by an admin while it runs
+	// (POST /api/v1/operations/{id}/cancel, as AdminToken): it must stop
+	// before its next step, and the invariants must hold whatever it was
+	// doing (issue 27).
+	StopChance float64
+	AdminToken string
+	Seed       uint64
+	Nonce      string // makes this run's keys unique
 }
 
 // Run is the workload of one chaos run: clients act until Stop, then
@@ -86,7 +93,13 @@ func (c *client) loop(ctx context.Context) {
 	for !c.stopped() && ctx.Err() == nil {
 		cu := c.rng.IntN(len(c.run.d.Customers))
 		if p, ok := c.maybePolicy(); ok {
-			c.do(ctx, c.intent(history.Cancel, p.Owner, p.ID, 0))
+			cancel := c.intent(history.Cancel, p.Owner, p.ID, 0)
+			if a := c.do(ctx, cancel); a != nil && a.Status == http.StatusAccepted && c.rng.Float64() < c.run.cfg.StopChance {
+				if id, ok := createdID(a.Body); ok {
+					pause(ctx, time.Duration(c.rng.IntN(300))*time.Millisecond)
+					c.do(ctx, c.stop(id, cancel.ID))
+				}
+			}
 		} else {
 			slot := c.run.d.Slots[c.rng.IntN(len(c.run.d.Slots))]
 			book := c.intent(history.Book, cu, slot, 0)
@@ -128,6 +141,17 @@ func (c *client) intent(kind string, customer int, subject int64, parent int) *h
 		in.Path = "/api/v1/bookings/" + strconv.FormatInt(subject, 10) + "/cancel"
 	}
 	return c.run.log.NewIntent(in)
+}
+
+// stop mints the admin's intent to cancel live operation opID, which the
+// cancel intent parent started.
+func (c *client) stop(opID int64, parent int) *history.Intent {
+	c.keys++
+	return c.run.log.NewIntent(&history.Intent{
+		Client: c.id, Kind: history.Stop, User: "admin", Token: c.run.cfg.AdminToken, Subject: opID, Parent: parent,
+		Key:    fmt.Sprintf("chaos-%s-%d-%d", c.run.cfg.Nonce, c.id, c.keys),
+		Method: http.MethodPost, Path: "/api/v1/operations/" + strconv.FormatInt(opID, 10) + "/cancel",
+	})
 }
 
 // do sends in until it has a final answer (or ctx ends: abandoned), each
@@ -183,7 +207,7 @@ func (c *client) backoff(try int, a history.Attempt) time.Duration {
 	return d/2 + time.Duration(c.rng.Int64N(int64(d)))
 }
 
-// createdID is the id in a 201 answer (a booking).
+// createdID is the id in a 201 answer (a booking) or a 202 (an operation).
 func createdID(body []byte) (int64, bool) {
 	var v struct {
 		ID int64 `json:"id"`
