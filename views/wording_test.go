@@ -220,3 +220,16 @@ func TestEventsTryNamesInjectorModesAndWhatTheyShow(t *testing.T) {
 		t.Errorf("the Events page's intro promises an event arrives twice: %s", intro)
 	}
 }
+
+var countedPlural = regexp.MustCompile(`%d (?:[A-Z]+ )?(?:confirmed )?(?:rows|bookings|refunds|effects|messages|events|attempts)\b`)
+
+// A count printed with %d before a plural noun reads "1 refunds" when it is
+// one (issue 29's second read: "1 PENDING rows", "1 confirmed bookings",
+// "1 refunds of no charge"): such counts go through plural().
+func TestCountsBeforeANounArePlural(t *testing.T) {
+	for file, src := range pageSources(t) {
+		for _, m := range countedPlural.FindAllString(src, -1) {
+			t.Errorf("%s prints %q: one reads wrong; use plural()", file, m)
+		}
+	}
+}

@@ -131,7 +131,7 @@ func (e *env) callbacks(ctx context.Context, variant string, handle callbackHand
 	v.Counts["effects"] = effects
 	if effects > 1 {
 		v.Counts["duplicates"] = effects - 1
-		t.wrong("result", "%d refunds for one cancellation", effects)
+		t.wrong("result", "%s for one cancellation", plural(effects, "refund"))
 	}
 	if state != "DONE" {
 		v.Counts["backwards"] = 1

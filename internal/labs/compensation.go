@@ -282,8 +282,8 @@ func (e *env) tallyDeposits(ctx context.Context, t *timeline, v Variant, strateg
 	if err := rows.Err(); err != nil {
 		return v, err
 	}
-	v.Verdict = fmt.Sprintf("%d confirmed, %d released; %d paid but released, %d refunds of no charge",
-		v.Counts["confirmed"], v.Counts["released"], v.Counts["paid_released"], v.Counts["phantom_refunds"])
+	v.Verdict = fmt.Sprintf("%d confirmed, %d released; %d paid but released, %s of no charge",
+		v.Counts["confirmed"], v.Counts["released"], v.Counts["paid_released"], plural(v.Counts["phantom_refunds"], "refund"))
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -116,7 +116,7 @@ func (e *env) consume(ctx context.Context, variant string, handler func(*labCons
 		}
 		v.Counts["effects"] += applied[m.ID]
 	}
-	v.Verdict = fmt.Sprintf("%d of %d messages took effect", len(msgs)-v.Counts["lost"], len(msgs))
+	v.Verdict = fmt.Sprintf("%d of %s took effect", len(msgs)-v.Counts["lost"], plural(len(msgs), "message"))
 	v.Timeline = t.list()
 	return v, nil
 }

@@ -106,9 +106,9 @@ func (e *env) confirmAll(ctx context.Context, variant, table string, schedule []
 	v.Counts["effects"] = confirmed
 	v.Counts["duplicates"] = max(0, confirmed-1)
 	if v.Counts["duplicates"] > 0 {
-		t.wrong("result", "the slot has %d confirmed bookings", v.Counts["effects"])
+		t.wrong("result", "the slot has %s", plural(v.Counts["effects"], "confirmed booking"))
 	}
-	v.Verdict = fmt.Sprintf("%d confirmed bookings on one slot", v.Counts["effects"])
+	v.Verdict = plural(v.Counts["effects"], "confirmed booking") + " on one slot"
 	v.Timeline = t.list()
 	return v, nil
 }

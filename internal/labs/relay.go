@@ -215,6 +215,6 @@ func (claimingRelay) pass(ctx context.Context, e *env, variant string, t *timeli
 	if err != nil {
 		return 0, err
 	}
-	t.say("relay", "pass: %d PENDING rows claimed and sent %v", len(sent), sent)
+	t.say("relay", "pass: %s claimed and sent %v", plural(len(sent), "PENDING row"), sent)
 	return len(sent), nil
 }
