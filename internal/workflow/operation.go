@@ -246,3 +246,11 @@ func Restart(ctx context.Context, tx pgx.Tx, id int64, requestKey string, reason
 	}
 	return op, true, nil
 }
+
+// Owner identifies who is acting: a request or a recovery worker.
+type Owner struct {
+	// ID says who, for people: "request 3f2c… on app-1", "recovery on app-2".
+	ID string
+	// Lease is how long the owner may act before others may take over.
+	Lease time.Duration
+}

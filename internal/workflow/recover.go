@@ -15,10 +15,10 @@ import (
 )
 
 // The branches of the decision tree, as recorded on the timeline (column
-// operation_events.branch) and shown on the recovery page.
+// operation_events.branch) and shown on the recovery page; BranchResumed,
+// running on, is the runner's (run.go).
 const (
 	BranchClaimed        = "claimed"           // a recovery worker took the operation over
-	BranchResumed        = "resumed"           // running on: from a step that had not started, or after a step's outcome was learned
 	BranchCompleted      = "completed"         // the system says COMPLETED: finish the step locally
 	BranchRejected       = "rejected"          // the system says REJECTED: the step FAILED
 	BranchNotStarted     = "not_started"       // NOT_STARTED and every deadline passed: the same call again, same key
@@ -565,34 +565,6 @@ func (e *Engine) stopReasking(ctx context.Context, opID int64) error {
 		 WHERE id = $1
 		   AND status = 'NEEDS_RECONCILIATION'`, opID)
 	return err
-}
-
-// asked is one status query, kept until the next write records it.
-type asked struct {
-	key, system string
-	truth       external.Truth
-	err         error
-	took        time.Duration
-}
-
-// flushAsked appends the status queries made since the last write to
-// operation_calls, in tx.
-func (r *runner) flushAsked(ctx context.Context, tx pgx.Tx) error {
-	for _, q := range r.asked {
-		detail := ""
-		if q.err != nil {
-			detail = q.err.Error()
-		}
-		_, err := tx.Exec(ctx, `
-			INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, truth, detail, took_ms)
-			VALUES ($1, $2, 'status', $3, $4, nullif($5, '')::uuid, $6, $7, $8)`,
-			r.op.ID, q.key, q.system, r.actor, r.token, nullTruth(q.truth), detail, q.took.Milliseconds())
-		if err != nil {
-			return fmt.Errorf("workflow: record status query: %w", err)
-		}
-	}
-	r.asked = r.asked[:0]
-	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -693,13 +693,6 @@ func (r *runner) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
 	})
 }
 
-// event is one line of an operation's timeline.
-type event struct {
-	op                                Operation
-	from, actor, branch, step, detail string
-	statement                         string // its name (statements.go), "" for none
-}
-
 // recordEvent appends ev in db's transaction, so the timeline never shows
 // what rolled back.
 func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
@@ -713,8 +706,12 @@ func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
 	return nil
 }
 
-// BranchFenced marks a refused late write on the timeline.
-const BranchFenced = "fenced"
+// The branches the runner itself writes under, beside recovery's decision
+// tree (recover.go), as recorded on the timeline.
+const (
+	BranchResumed = "resumed" // running on: from a step that had not started, or after a step's outcome was learned
+	BranchFenced  = "fenced"  // a refused late write
+)
 
 // fenced counts and records a write refused by the fence (ErrLeaseLost):
 // the metric, and a timeline line written after the rollback, saying who
@@ -778,4 +775,24 @@ func nullTruth(t external.Truth) *string {
 		return nil
 	}
 	return ptr(string(t))
+}
+
+// flushAsked appends the status queries made since the last write to
+// operation_calls, in tx.
+func (r *runner) flushAsked(ctx context.Context, tx pgx.Tx) error {
+	for _, q := range r.asked {
+		detail := ""
+		if q.err != nil {
+			detail = q.err.Error()
+		}
+		_, err := tx.Exec(ctx, `
+			INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, truth, detail, took_ms)
+			VALUES ($1, $2, 'status', $3, $4, nullif($5, '')::uuid, $6, $7, $8)`,
+			r.op.ID, q.key, q.system, r.actor, r.token, nullTruth(q.truth), detail, q.took.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("workflow: record status query: %w", err)
+		}
+	}
+	r.asked = r.asked[:0]
+	return nil
 }
