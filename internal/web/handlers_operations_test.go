@@ -45,3 +45,15 @@ func TestOperationWordsFollowItsKind(t *testing.T) {
 		}
 	}
 }
+
+// A booking's operation has one name on every page: its own page and the
+// booking page (sagaKind) say what the Operations list says (kindWords)
+// (issue 29's second read: "Deposit refund of …" on its page, "Deposit
+// cancellation" in the list).
+func TestABookingsOperationHasOneName(t *testing.T) {
+	for _, typ := range []string{slots.OperationBookDeposit, slots.OperationCancelDeposit} {
+		if sagaKind(typ) != kindWords(typ) {
+			t.Errorf("%s: its page says %q, the list %q", typ, sagaKind(typ), kindWords(typ))
+		}
+	}
+}

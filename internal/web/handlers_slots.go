@@ -440,9 +440,12 @@ func (app *App) handleBookingPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.BookingPage(app.page(c, "Booking", "slots"), vm))
 }
 
+// sagaKind names a booking's operation as the Operations list does
+// (kindWords): one name on every page (issue 29's second read: the list
+// said "Deposit cancellation", the operation's own page "Deposit refund").
 func sagaKind(operationType string) string {
 	if operationType == slots.OperationCancelDeposit {
-		return "Deposit refund"
+		return kindWords(slots.OperationCancelDeposit)
 	}
-	return "Deposit booking"
+	return kindWords(slots.OperationBookDeposit)
 }
