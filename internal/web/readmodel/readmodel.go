@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -35,16 +36,24 @@ func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workf
 		return nil, fmt.Errorf("readmodel: timeline: %w", err)
 	}
 	for i := range events {
-		events[i].Statement = statementText(events[i].StatementName)
+		statementOf(&events[i])
 	}
 	return events, nil
 }
 
-// statementText is the text of the statement a timeline line names
-// (workflow.Statement): "" for none.
-func statementText(name string) string {
-	sql, _ := workflow.Statement(name)
-	return sql
+// statementOf fills the text of the statement a timeline line names
+// (workflow.Statement). A line written outside the engine — a demo
+// control's, a lab's — stores its SQL itself rather than a name: it is
+// shown folded like every other, with no name to link (issue 29's second
+// read: "written by" followed by raw SQL).
+func statementOf(ev *workflow.Event) {
+	if sql, ok := workflow.Statement(ev.StatementName); ok {
+		ev.Statement = sql
+		return
+	}
+	if strings.ContainsAny(strings.TrimSpace(ev.StatementName), " \n\t") {
+		ev.Statement, ev.StatementName = strings.TrimSpace(ev.StatementName), ""
+	}
 }
 
 // Calls returns the operation's exchanges with other systems, oldest first.
@@ -161,7 +170,7 @@ func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]R
 		ev := &r.Event
 		err := row.Scan(&ev.ID, &ev.OperationID, &ev.At, &ev.FromStatus, &ev.ToStatus, &ev.Actor, &ev.OwnerToken,
 			&ev.Detail, &ev.StatementName, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
-		ev.Statement = statementText(ev.StatementName)
+		statementOf(ev)
 		return r, err
 	})
 	if err != nil {
