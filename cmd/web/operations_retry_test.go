@@ -152,3 +152,45 @@ func (s *testServer) refunds(t *testing.T, policyID int64) int {
 	}
 	return n
 }
+
+// The exit a person needs when an admin cancelled a cancellation while its
+// refund was on its way and payments never got it: recovery learns the
+// refund NOT_STARTED, the provider's cancellation stands and nothing undoes
+// it, so a person decides. The desk's retry sets the cancel aside — the
+// workflow runs on — and recovery sends the refund (same key: it never took
+// effect): SUCCEEDED, one refund. (Kept, the cancel would stop it at the
+// refund again and hand it back, forever: the chaos run found it.)
+func TestDeskRetryOfACancelledRefundRunsTheWorkflowOn(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PAYMENTS_TIMEOUT": "300ms", "RECOVERY_INTERVAL": "200ms",
+		"RECOVERY_MAX_ATTEMPTS": "100", "RECOVERY_MAX_BACKOFF": "500ms"})
+	s.paymentsMode(t, fault.ModeDrop)
+	pid := s.policyOf(t, "demo-alice", 0)
+	var live retriedJSON
+	if r := s.do(cancelReq(pid, "demo-alice", "desk-0", "")); r.Status != 202 {
+		t.Fatalf("cancel with payments dropping: %d %s", r.Status, r.Body)
+	} else {
+		r.JSON(t, &live)
+	}
+	if r := s.do(cancelOpReq(live.ID, "demo-admin", "desk-stop")); r.Status != 202 {
+		t.Fatalf("cancel the operation: %d %s", r.Status, r.Body)
+	}
+	s.paymentsMode(t, fault.ModeOK)
+	waiting := s.until(t, live.ID, 30*time.Second, func(op cancelledJSON) bool { return op.Status == "NEEDS_RECONCILIATION" })
+	if stepState(waiting, "provider_cancel") != "DONE" || stepState(waiting, "refund") == "DONE" || s.refunds(t, pid) != 0 {
+		t.Fatalf("cancelled at the refund: %+v, %d refunds", waiting.Steps, s.refunds(t, pid))
+	}
+	var seen retriedJSON
+	s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/operations/%d", live.ID), Token: "demo-admin"}).JSON(t, &seen)
+	body, _ := json.Marshal(map[string]any{"action": "retry", "seen_updated_at": seen.UpdatedAt.Format(time.RFC3339Nano), "note": "the customer is owed the refund"})
+	if r := s.do(request{Method: "POST", Path: fmt.Sprintf("/api/v1/admin/operations/%d/resolve", live.ID), Token: "demo-admin",
+		Body: string(body), Header: map[string]string{"Idempotency-Key": "desk-retry"}}); r.Status != 200 {
+		t.Fatalf("the desk's retry: %d %s", r.Status, r.Body)
+	}
+	done := s.until(t, live.ID, 30*time.Second, func(op cancelledJSON) bool { return op.Status != "IN_PROGRESS" && op.Status != "RECOVERING" })
+	if done.Status != "SUCCEEDED" || done.CancelRequestedAt != nil || s.refunds(t, pid) != 1 || s.effects(t, pid) != 1 {
+		t.Fatalf("after the desk's retry: %s (cancel %v), %d refunds, %d provider effects; want SUCCEEDED, the cancel set aside, 1 and 1",
+			done.Status, done.CancelRequestedAt, s.refunds(t, pid), s.effects(t, pid))
+	}
+	s.assertInvariants(t)
+}

@@ -198,9 +198,13 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 				"a person asked for a retry: handed back to recovery, which asks "+database.Deref(stuck.System)+" first"+note, sqlDecide); err != nil {
 				return err
 			}
-			if seen.CancelRequestedAt != nil && !stuck.External() {
+			if seen.CancelRequestedAt != nil && (!stuck.External() || def.effectStands(seen, i)) {
 				// Cancelled after an effect nothing undoes: the person decided
-				// the workflow runs on, so the cancel request is set aside.
+				// the workflow runs on, so the cancel request is set aside —
+				// at a local step, and at an external one (its truth may be
+				// NOT_STARTED) when an earlier effect stands with no
+				// compensation: kept, the cancel would only stop it there and
+				// hand it back to a person, again and again.
 				if _, err := tx.Exec(ctx, sqlCancelSetAside, r.op.ID, r.token); err != nil {
 					return fmt.Errorf("workflow: set the cancel aside: %w", err)
 				}
@@ -225,4 +229,19 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 		return Operation{}, err
 	}
 	return r.op, r.flush(ctx, tx)
+}
+
+// effectStands reports whether an external step before step i of op took
+// effect elsewhere while def has no Compensation: a cancel of op can never
+// end it cleanly (cancelAt's third case).
+func (def *Definition) effectStands(op Operation, i int) bool {
+	if len(def.Compensation) > 0 {
+		return false
+	}
+	for _, s := range op.Steps[:i] {
+		if s.External() && s.State == StepDone && s.SentAt != nil {
+			return true
+		}
+	}
+	return false
 }
