@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/fault"
 	paymentsfake "github.com/idemlab/idemlab/internal/payments/fake"
 	providerfake "github.com/idemlab/idemlab/internal/provider/fake"
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // The fake external systems — the provider and payments — run the same way:
@@ -99,7 +100,7 @@ func startFake(ctx context.Context, cfg config, spec fakeSpec, pool *pgxpool.Poo
 		fs.closePool()
 		return nil, fmt.Errorf("%s: listen %s: %w", spec.name, spec.addr, err)
 	}
-	fs.srv = &http.Server{Handler: fs.fake.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	fs.srv = &http.Server{Handler: tracing.Handler(fs.fake.Handler(), spec.name), ReadHeaderTimeout: 5 * time.Second}
 	fs.url = "http://" + dialable(ln.Addr())
 	go func() { fs.done <- fs.srv.Serve(ln) }()
 	return fs, nil

@@ -30,6 +30,7 @@ import (
 	"github.com/idemlab/idemlab/internal/provider"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/tracing"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web"
 )
@@ -46,6 +47,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	logger := newLogger(cfg, stderr)
+	// One trace per request, carried to every process it reaches
+	// (internal/tracing); exported only where OTEL_EXPORTER_OTLP_* says.
+	flush, err := tracing.Setup(ctx, "idemlab-"+cmd)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer flush(context.Background())
 
 	switch cmd {
 	case "serve":
@@ -347,7 +355,7 @@ func (bg *background) stop() {
 // requests up to grace to finish.
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, logger *slog.Logger) error {
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           tracing.Handler(h, "idemlab"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}

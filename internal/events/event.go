@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // Event types. A type names what happened, past tense, to which aggregate.
@@ -76,6 +77,11 @@ type Message struct {
 	// the aggregate's first event, 2 for its second, assigned in the
 	// writer's transaction (Write). 0: written before events had one.
 	Seq int64 `json:"seq,omitempty"`
+	// Traceparent is the W3C trace context of the transaction that wrote
+	// the event (its request's, or recovery's): each consumer's span
+	// continues that trace. Every transport carries it in the message and,
+	// where it has headers, in a traceparent header too.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // PolicyCancelled is the payload of policy.cancelled, written in the
@@ -164,12 +170,12 @@ WITH place AS (
        SET last_seq = s.last_seq + 1
     RETURNING last_seq
 ), written AS (
-    INSERT INTO outbox (id, type, key, payload, transport, status, sent_at, seq)
+    INSERT INTO outbox (id, type, key, payload, transport, status, sent_at, seq, traceparent)
     SELECT $1, $2, $3, $4, c.transport,
            -- River's job commits with this row: nothing is left to relay
            CASE WHEN c.transport = 'river' THEN 'SENT' ELSE 'PENDING' END,
            CASE WHEN c.transport = 'river' THEN clock_timestamp() END,
-           place.last_seq
+           place.last_seq, nullif($6, '')
       FROM events_config c, place
     RETURNING transport, created_at, seq
 )
@@ -246,8 +252,8 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) (uuid.UUID, erro
 		return uuid.Nil, fmt.Errorf("%w: payload: %v", ErrInvalidEvent, err)
 	}
 	var transport string
-	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload}
-	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, w.wakeRelays(tx.Conn())).Scan(&transport, &m.CreatedAt, &m.Seq, nil); err != nil {
+	m := Message{ID: e.ID, Type: e.Type, Key: e.Key, Payload: payload, Traceparent: tracing.Parent(ctx)}
+	if err := tx.QueryRow(ctx, sqlWrite, e.ID, e.Type, e.Key, payload, w.wakeRelays(tx.Conn()), m.Traceparent).Scan(&transport, &m.CreatedAt, &m.Seq, nil); err != nil {
 		return uuid.Nil, fmt.Errorf("events: write %s %s: %w", e.Type, e.Key, err)
 	}
 	if transport == TransportRiver {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemlab/idemlab/internal/crash"
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // Delivery outcomes, as event_deliveries records them.
@@ -108,6 +109,10 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 // answers "duplicate".
 func (h *Handler) Handle(ctx context.Context, d Delivery) (string, error) {
 	name := h.consumer.Name()
+	// Each delivery is a span in the trace of the transaction that wrote
+	// the event (Message.Traceparent).
+	ctx, span := tracing.Start(ctx, "consume "+d.Type+" by "+name, d.Traceparent)
+	defer span.End()
 	outcome := OutcomeDuplicate
 	err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlInboxClaim, name, d.ID, d.Type)

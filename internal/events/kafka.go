@@ -163,6 +163,9 @@ func (k *Kafka) Publish(ctx context.Context, ms []Message) []PublishResult {
 		}
 		r := &kgo.Record{Topic: k.cfg.Topic, Key: []byte(m.Key), Value: data,
 			Headers: []kgo.RecordHeader{{Key: HeaderEventID, Value: []byte(m.ID.String())}}}
+		if m.Traceparent != "" { // for tools that read traces off headers; the consumer reads the message's
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(m.Traceparent)})
+		}
 		wg.Add(1)
 		k.producer.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			results[i].Err = err // each promise writes its own slot

@@ -101,6 +101,10 @@ func (n *NATS) Transport() string { return TransportNATS }
 // DuplicateWindow is the stream's dedupe window.
 func (n *NATS) DuplicateWindow() time.Duration { return n.cfg.DuplicateWindow }
 
+// HeaderTraceparent carries the event's trace (W3C Trace Context) on every
+// transport with headers: a NATS or Kafka header, a task's HTTP header.
+const HeaderTraceparent = "traceparent"
+
 // HeaderKey carries the event's aggregate ("policy:42") on a JetStream
 // message: what a consumer instance keeps one delivery in flight per.
 const HeaderKey = "Idemlab-Key"
@@ -122,6 +126,9 @@ func (n *NATS) Publish(ctx context.Context, ms []Message) []PublishResult {
 		// The aggregate, for the consumer's lanes (one delivery of an
 		// aggregate in flight per instance; see consume).
 		msg.Header.Set(HeaderKey, m.Key)
+		if m.Traceparent != "" { // for tools that read traces off headers; the consumer reads the message's
+			msg.Header.Set(HeaderTraceparent, m.Traceparent)
+		}
 		if futures[i], err = n.js.PublishMsgAsync(msg); err != nil {
 			results[i].Err = err
 		}

@@ -282,7 +282,7 @@ UPDATE outbox o
            FOR UPDATE SKIP LOCKED -- rows another relay is claiming right now are skipped, not waited for
        ) due
  WHERE o.id = due.id
-RETURNING o.id, o.type, o.key, o.payload, o.created_at, o.seq`
+RETURNING o.id, o.type, o.key, o.payload, o.created_at, o.seq, coalesce(o.traceparent, '')`
 
 const sqlMarkSent = `
 UPDATE outbox

@@ -145,6 +145,10 @@ func (t *Tasks) Publish(ctx context.Context, ms []Message) []PublishResult {
 			results[i].Err = err
 			return
 		}
+		headers := map[string]string{"Content-Type": "application/json", "Authorization": "Bearer " + t.cfg.PushToken}
+		if m.Traceparent != "" { // the push continues the event's trace
+			headers[HeaderTraceparent] = m.Traceparent
+		}
 		for _, consumer := range Consumers {
 			wg.Add(1)
 			sem <- struct{}{}
@@ -153,8 +157,7 @@ func (t *Tasks) Publish(ctx context.Context, ms []Message) []PublishResult {
 				_, err := t.client.Create(ctx, t.Queue(consumer), tasks.Task{
 					Name: t.TaskName(consumer, m),
 					HTTPRequest: tasks.HTTPRequest{URL: strings.TrimRight(t.cfg.PushURL, "/") + "/" + consumer,
-						Headers: map[string]string{"Content-Type": "application/json", "Authorization": "Bearer " + t.cfg.PushToken},
-						Body:    body},
+						Headers: headers, Body: body},
 					DispatchDeadline: tasks.Duration(t.cfg.DispatchDeadline),
 				})
 				mu.Lock()

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // maxBody bounds how much of an answer the client reads. Answers are a few
@@ -40,6 +42,7 @@ type Client struct {
 	baseURL string
 	timeout time.Duration
 	http    *http.Client
+	conns   *http.Transport // under the tracing wrapper, which cannot close idle connections
 }
 
 // NewClient returns a client for the system at baseURL (for example
@@ -64,7 +67,9 @@ func NewClient(system, baseURL string, timeout time.Duration) *Client {
 		system:  system,
 		baseURL: strings.TrimRight(baseURL, "/"),
 		timeout: timeout,
-		http:    &http.Client{Transport: transport},
+		// Every call carries its operation's trace (a traceparent header).
+		http:  &http.Client{Transport: tracing.Transport(transport)},
+		conns: transport,
 	}
 }
 
@@ -86,7 +91,7 @@ func (c *Client) Deadline() time.Time {
 
 // CloseIdleConnections closes the client's idle keep-alive connections. Call
 // it at shutdown; calls in flight are not affected.
-func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() { c.conns.CloseIdleConnections() }
 
 // Call is one keyed, mutating call.
 type Call struct {

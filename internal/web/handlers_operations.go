@@ -20,6 +20,7 @@ import (
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/tracing"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -222,7 +223,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 			Position: s.Position, Name: s.Name, Key: s.Key, System: database.Deref(s.System), State: s.State, Attempts: s.Attempts,
 			Deadline: timeText(s.DeadlineAt), Sent: timeText(s.SentAt), Finished: timeText(s.FinishedAt),
 			Request: prettyJSON(s.Request), Answer: prettyJSON(s.Answer), Recorded: database.Deref(s.Truth),
-			Current: s.Name == current && !v.Terminal(),
+			Current: s.Name == current && !v.Terminal(), TraceID: tracing.TraceID(database.Deref(s.Traceparent)),
 		}
 		if t, ok := v.Truths[s.Name]; ok {
 			step.LiveTruth, step.LiveError = t.Truth, t.Error

@@ -150,6 +150,24 @@ type StepRecord struct {
 	// into this one by a retry from a later step (retry.go), under the key
 	// it was done with; nil: this run does it.
 	CarriedFromRun *int `json:"carried_from_run"`
+	// Traceparent is the W3C trace context of the span that last sent the
+	// step (the request's, or recovery's): recovery continues that trace.
+	Traceparent *string `json:"traceparent"`
+}
+
+// lastTrace is the traceparent of the step sent last ("" when no step
+// has been sent, or none in a trace).
+func (op Operation) lastTrace() string {
+	var last StepRecord
+	for _, s := range op.Steps {
+		if s.Traceparent != nil && s.SentAt != nil && (last.SentAt == nil || s.SentAt.After(*last.SentAt)) {
+			last = s
+		}
+	}
+	if last.Traceparent == nil {
+		return ""
+	}
+	return *last.Traceparent
 }
 
 // External reports whether the step calls another system.
@@ -183,7 +201,7 @@ func scanOperation(row pgx.Row, prefix ...any) (Operation, error) {
 
 // stepColumns is the select list scanStep reads, in order.
 const stepColumns = `position, name, step_key, system, state, attempts, deadline_at, sent_at, finished_at,
-	request, answer, truth, updated_at, carried_from_run`
+	request, answer, truth, updated_at, carried_from_run, traceparent`
 
 func scanStep(row pgx.Row) (StepRecord, error) {
 	var s StepRecord
@@ -193,7 +211,7 @@ func scanStep(row pgx.Row) (StepRecord, error) {
 
 func stepDest(s *StepRecord) []any {
 	return []any{&s.Position, &s.Name, &s.Key, &s.System, &s.State, &s.Attempts, &s.DeadlineAt, &s.SentAt,
-		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt, &s.CarriedFromRun}
+		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt, &s.CarriedFromRun, &s.Traceparent}
 }
 
 // OperationColumns is the operation select list for other packages' reads

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // The branches of the decision tree, as recorded on the timeline (column
@@ -65,6 +67,10 @@ func (e *Engine) Recover(ctx context.Context, c recovery.Claim, b recovery.Budge
 			return recovery.Result{}, err
 		}
 	}
+	// Recovery continues the trace of whoever sent a step last: the
+	// request's, or an earlier recovery's.
+	ctx, span := tracing.Start(ctx, "recover operation "+strconv.FormatInt(c.ID, 10), op.lastTrace())
+	defer span.End()
 	r := e.runner(def, op, c.Actor)
 	r.token = c.Token
 	a := &attempt{r: r, claim: c, budget: b}

@@ -54,7 +54,7 @@ func BenchmarkRoundTripCuts(b *testing.B) {
 		return tx.QueryRow(ctx, sql, append([]any{opID, token, 1, "call"}, args...)...).Scan(append(stepDest(&s), extra...)...)
 	}
 	sent := func(tx pgx.Tx) (callID int64, err error) {
-		return callID, step(tx, sqlStepSent, []any{&callID}, deadline, request, 30.0, "bench")
+		return callID, step(tx, sqlStepSent, []any{&callID}, deadline, request, 30.0, "bench", false, nil)
 	}
 	answer := json.RawMessage(`{"outcome": "confirmed"}`)
 

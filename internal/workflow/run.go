@@ -13,6 +13,7 @@ import (
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/tracing"
 )
 
 // This file is how an owner drives an operation forward: the local steps in
@@ -198,7 +199,7 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	deadline := st.Call.Deadline()
 	var callID int64
 	if err := r.writeStepScan(ctx, tx, i, sqlStepSent, []any{&callID}, deadline, request, r.e.cfg.Lease.Seconds(), r.actor,
-		r.def.compensation(rec.Name)); err != nil {
+		r.def.compensation(rec.Name), traceOf(ctx)); err != nil {
 		return nil, "", err
 	}
 	rec = r.record(i)
@@ -456,6 +457,7 @@ sent AS (
            deadline_at = greatest(s.deadline_at, $5), -- the latest deadline of any attempt: see the deadline rule
            sent_at = now(),
            request = coalesce(s.request, $6), -- computed once; every retry sends it verbatim
+           traceparent = coalesce($10, s.traceparent), -- the trace of whoever sends it: what recovery continues
            updated_at = now()
       FROM owner
      WHERE s.operation_id = owner.id
@@ -768,6 +770,15 @@ func answerJSON(res external.Result) json.RawMessage {
 	}
 	b, _ := json.Marshal(a)
 	return b
+}
+
+// traceOf is ctx's trace as a traceparent to store with a step, nil when
+// ctx carries none.
+func traceOf(ctx context.Context) *string {
+	if tp := tracing.Parent(ctx); tp != "" {
+		return &tp
+	}
+	return nil
 }
 
 func nullTruth(t external.Truth) *string {
