@@ -194,12 +194,14 @@ func TestBrowserOperationPageSaysWhatIsHappening(t *testing.T) {
 	// under it for an admin, is not theirs to read (redact.go).
 	var calls string
 	var raws int
+	// textContent, polled: the page refreshes itself while recovery backs
+	// off, and a read during the swap finds the panel empty.
 	err = chromedp.Run(ctx,
-		chromedp.Text(`[data-testid="calls"]`, &calls, chromedp.ByQuery),
+		chromedp.Poll(`(() => { const c = document.querySelector('[data-testid="calls"]'); return c && c.textContent.includes('HTTP 503') ? c.textContent : null })()`, &calls, chromedp.WithPollingTimeout(time.Minute)),
 		chromedp.Evaluate(`document.querySelectorAll('[data-testid="calls"] [data-testid="error-raw"]').length`, &raws),
 	)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the calls never named the status query's HTTP 503: %v", err)
 	}
 	if !strings.Contains(calls, "The provider answered with an error (HTTP 503)") || raws != 0 {
 		t.Errorf("a failed status query reads %q to a customer (%d raw chains shown)", calls, raws)
