@@ -80,13 +80,18 @@ func (e *env) consume(ctx context.Context, variant string, handler func(*labCons
 	for i := range msgs {
 		msgs[i] = events.Message{ID: uuid.New(), Type: "lab.message", Key: fmt.Sprintf("lab:%d", i+1)}
 	}
-	c := &labConsumer{name: e.name("inbox", variant), failOnce: map[uuid.UUID]bool{msgs[1].ID: true}, t: t}
+	label := map[uuid.UUID]string{msgs[0].ID: "m1", msgs[1].ID: "m2", msgs[2].ID: "m3"}
+	c := &labConsumer{name: e.name("inbox", variant), failOnce: map[uuid.UUID]bool{msgs[1].ID: true}, label: label, t: t}
 	deliver := handler(c)
 	schedule := []events.Message{msgs[0], msgs[0], msgs[1], msgs[2]}
-	label := map[uuid.UUID]string{msgs[0].ID: "m1", msgs[1].ID: "m2", msgs[2].ID: "m3"}
+	// delivered counts each message's deliveries across the schedule, as a
+	// transport's own count does: m1's repeat is its delivery 2, not 1 again.
+	delivered := map[uuid.UUID]int{}
 	for _, m := range schedule {
-		for attempt := 1; attempt <= 3; attempt++ {
+		for tries := 1; tries <= 3; tries++ {
 			v.Counts["deliveries"]++
+			delivered[m.ID]++
+			attempt := delivered[m.ID]
 			outcome, err := deliver(ctx, events.Delivery{Message: m, Attempt: attempt})
 			if err != nil {
 				t.say("transport", "%s delivery %d failed (%v): delivers it again", label[m.ID], attempt, errors.Unwrap(err))
@@ -125,6 +130,7 @@ func (e *env) consume(ctx context.Context, variant string, handler func(*labCons
 // messages in failOnce fail their first application: the schedule's fault.
 type labConsumer struct {
 	name     string
+	label    map[uuid.UUID]string // m1, m2, m3: the names the timeline uses
 	t        *timeline
 	mu       sync.Mutex
 	failOnce map[uuid.UUID]bool
@@ -143,7 +149,7 @@ func (c *labConsumer) Apply(ctx context.Context, tx pgx.Tx, m events.Message) er
 	delete(c.failOnce, m.ID)
 	c.mu.Unlock()
 	if fail {
-		c.t.say("consumer", "applying %s fails: the mail server is down for a moment", m.Key)
+		c.t.say("consumer", "applying %s fails: the mail server is down for a moment", c.label[m.ID])
 		return errors.New("the mail server is down")
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,34 @@ func TestInboxLab(t *testing.T) {
 		v := run(t, l, user, "inbox")
 		want(t, v["broken"], false, map[string]int{"executions": 3, "deliveries": 5, "effects": 2, "lost": 1, "duplicates": 0, "refused": 2})
 		want(t, v["correct"], true, map[string]int{"executions": 3, "deliveries": 5, "effects": 3, "lost": 0, "duplicates": 0, "refused": 1})
+	}
+}
+
+// The inbox lab's timeline names each message one way (m1, m2, m3) and counts
+// each message's deliveries on: the repeated m1 is its delivery 2, and no
+// (message, delivery) pair is told twice (issue 29, second read, finding 5).
+func TestInboxLabNamesEachDeliveryOnce(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	delivery := regexp.MustCompile(`\b(m\d) delivery (\d+)\b`)
+	for name, v := range run(t, l, user, "inbox") {
+		seen := map[string]string{}
+		for _, e := range v.Timeline {
+			if strings.Contains(e.What, "lab:") {
+				t.Errorf("%s: a line calls a message by its key, not m1/m2/m3: %q", name, e.What)
+			}
+			for _, m := range delivery.FindAllStringSubmatch(e.What, -1) {
+				if earlier, ok := seen[m[0]]; ok {
+					t.Errorf("%s: %q told twice:\n  %s\n  %s", name, m[0], earlier, e.What)
+				}
+				seen[m[0]] = e.What
+			}
+		}
+		for _, must := range []string{"m1 delivery 1", "m1 delivery 2", "m2 delivery 1", "m2 delivery 2", "m3 delivery 1"} {
+			if _, ok := seen[must]; !ok {
+				t.Errorf("%s: no line tells %q; lines: %v", name, must, v.Timeline)
+			}
+		}
 	}
 }
 
