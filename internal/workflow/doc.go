@@ -84,7 +84,7 @@
 // # The surface other packages build on
 //
 //	Engine.Register(Definition)       a workflow: its steps, local (Do) or external (Call)
-//	Engine.Start(…, StartFunc, Hooks)  a request runs a new operation (engine.go)
+//	Engine.Start(…, StartFunc, Hooks)  a request runs a new operation (start.go)
 //	Engine.ClaimStale, Engine.Recover  the recovery loop's Claimer and Recoverer (claim.go, recover.go)
 //	Engine.Decide                      a person's decision, in the caller's transaction (decide.go)
 //	Restart, ScanOperation, StepKey    for start functions (operation.go)
