@@ -42,7 +42,7 @@ generate: ## regenerate templ components (*_templ.go) and migrations/schema.sql,
 	go tool templ generate
 	scripts/schema.sh
 
-lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files and schema.sql up to date, govulncheck (VULNDB=… for a copy of its database)
+lint: ## gofmt, go vet, go mod tidy, staticcheck, no unreachable code (deadcode), generated templ files and schema.sql up to date, govulncheck (VULNDB=… for a copy of its database)
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then \
 		echo "gofmt: these files need formatting:"; echo "$$unformatted"; exit 1; \
@@ -50,6 +50,10 @@ lint: ## gofmt, go vet, go mod tidy, staticcheck, generated templ files and sche
 	go vet ./...
 	@go mod tidy -diff || { echo "lint: go.mod/go.sum are not tidy: run 'go mod tidy'"; exit 1; }
 	go tool staticcheck ./...
+	@dead="$$(go tool deadcode -test ./...)"; \
+	if [ -n "$$dead" ]; then \
+		echo "lint: unreachable code (delete it, or call it from a test if it is a test hook):"; echo "$$dead"; exit 1; \
+	fi
 	go tool templ generate
 	@git diff --exit-code -- '*_templ.go' || \
 		{ echo "lint: *_templ.go out of date: run 'make generate' and commit the result"; exit 1; }
