@@ -248,7 +248,7 @@ func (m *middleware) answer(c echo.Context, attempt *Attempt, rec *Record) error
 	}
 	c.Response().Header().Set("Retry-After", strconv.Itoa(int((m.cfg.RetryAfter+time.Second-1)/time.Second)))
 	return m.refuse(c, &Refusal{ErrInProgress,
-		"A request with this idempotency key is still being processed. Retry after the time in Retry-After to get its response."})
+		"A request with this idempotency key holds its lease: it is running, or it stopped without finishing and holds the key until the lease runs out. Retry after the time in Retry-After: a retry gets its response, or, once the lease is over, takes the key over."})
 }
 
 // waitedKey marks a request that already waited WaitInFlight for its original.

@@ -156,8 +156,11 @@ func (app *App) formNotice(c echo.Context, refusal *idempotency.Refusal) error {
 	n := views.Notice{Title: p.Title, Message: p.Detail, Back: c.Request().Referer(), BackLabel: "Back"}
 	switch p.Type {
 	case "request-in-progress":
-		n.Title = "Still working on your first click"
-		n.Message = "This form was already submitted and the first submission is still being processed. It will not run twice. Wait a moment, then open the page again to see the result."
+		// The app cannot tell a first submission still running from one
+		// whose process died: both hold the key's lease, and only the lease
+		// running out tells them apart. Say what is true of both.
+		n.Title = "Your first submission still holds this form"
+		n.Message = "This form was already submitted, and that first submission holds the form's key until it finishes — or, if it stopped without finishing (a crash), until its lease runs out. It will not run twice. Try again after that: a retry then gets its answer, or takes over and finishes it. Or open the page again later to see the result."
 	case "idempotency-key-reused":
 		n.Title = "This form was already used"
 		n.Message = "This form was already submitted with different values. Reload the page to get a fresh form."
