@@ -241,7 +241,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 			line.Error = cr.Detail
 		}
 		if cr.Attempt != nil {
-			line.Attempt = fmt.Sprintf(" · attempt %d", *cr.Attempt)
+			line.Attempt = fmt.Sprintf(" · call %d", *cr.Attempt) // the step's nth call sent: its "Calls sent"
 		}
 		if cr.DeadlineAt != nil {
 			line.Deadline = timeText(cr.DeadlineAt)
