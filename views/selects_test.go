@@ -39,4 +39,7 @@ func TestFakeSelectsShowOnlyModesAndTellWhatEachDoes(t *testing.T) {
 	if !regexp.MustCompile(`\.script-fields select \{ min-width: [0-9.]+rem; \}`).Match(css) {
 		t.Error("app.css gives the script's Mode select no min-width: lost_response is cut")
 	}
+	if strings.Contains(string(css), `fieldset[role="group"] select { min-width: 0; }`) {
+		t.Error("app.css lets the overrides' mode select shrink to nothing on a phone: lost_response is cut")
+	}
 }
