@@ -375,14 +375,13 @@ func Check(ctx context.Context, db database.DBTX, opts Options) (Report, error) 
 // the policies whose cancellation (the steps of the operation's current
 // run, by name) did mark_cancelled, and whatever is on one side only. $1 is
 // Options.Retention in seconds: a policy cancelled before it may have lost
-// its operation to the retention janitor.
+// its operation to the retention janitor — only that side is excused, so an
+// operation the janitor has not purged yet still meets its policy.
 const cancelledCheck = `
 		SELECT coalesce(p.id, m.policy_id)
-		  FROM (SELECT id
+		  FROM (SELECT id, updated_at
 		          FROM policies
-		         WHERE status = 'CANCELLED'
-		           -- cancelled before the retention: its operation may be purged
-		           AND ($1 = 0 OR updated_at >= now() - make_interval(secs => $1))) p
+		         WHERE status = 'CANCELLED') p
 		  FULL JOIN (SELECT o.policy_id
 		               FROM operation_steps s
 		               JOIN operations o ON o.id = s.operation_id AND o.run = s.run
@@ -391,7 +390,9 @@ const cancelledCheck = `
 		                AND o.operation_type = 'CANCEL') m
 		    ON m.policy_id = p.id
 		 WHERE p.id IS NULL
-		    OR m.policy_id IS NULL`
+		    OR (m.policy_id IS NULL
+		        -- cancelled before the retention: its operation may be purged
+		        AND ($1 = 0 OR p.updated_at >= now() - make_interval(secs => $1)))`
 
 // validGuards returns which of the checks' guards exist and are valid:
 // validated constraints, and unique indexes that are valid.

@@ -117,6 +117,48 @@ func TestEveryBrokenInvariantIsReported(t *testing.T) {
 	}
 }
 
+// Under retention (OPERATIONS_RETENTION) invariant 4 excuses a policy
+// cancelled longer ago than the retention for having no operation — the
+// janitor may have purged it — and nothing else: a cancelled policy whose
+// operation is still there (the janitor runs every minute) holds, and one
+// cancelled within the retention without an operation is still caught. A
+// load run with a one-minute retention found the first case reported.
+func TestCancelledPolicyInvariantUnderRetention(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if err := demo.Seed(ctx, db.Pool, demo.DefaultAccounts(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, cancelled(1)+cancelled(2)+`
+		-- 1: cancelled two minutes ago, its operation not purged yet
+		UPDATE policies SET updated_at = now() - interval '2 minutes' WHERE id = 1;
+		-- 2: cancelled two minutes ago, its operation purged
+		UPDATE policies SET updated_at = now() - interval '2 minutes' WHERE id = 2;
+		DELETE FROM operation_steps WHERE operation_id = (SELECT id FROM operations WHERE policy_id = 2);
+		DELETE FROM operations WHERE policy_id = 2;`); err != nil {
+		t.Fatal(err)
+	}
+	r, err := invariants.Check(ctx, db.Pool, invariants.Options{Retention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK {
+		t.Fatalf("a cancellation older than the retention, purged or not: %+v", r.Violations)
+	}
+	// 3: cancelled just now without any operation — not the janitor's doing.
+	if _, err := db.Pool.Exec(ctx, `UPDATE policies SET status = 'CANCELLED' WHERE id = 3`); err != nil {
+		t.Fatal(err)
+	}
+	r, err = invariants.Check(ctx, db.Pool, invariants.Options{Retention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OK || len(r.Violations) != 1 || r.Violations[0].Invariant != 4 || len(r.Violations[0].IDs) != 1 || r.Violations[0].IDs[0] != 3 {
+		t.Fatalf("a policy cancelled within the retention without an operation: %+v", r.Violations)
+	}
+}
+
 // operation is SQL that makes a cancellation of policy policyID in status,
 // its lease until lease (an SQL expression), with its six steps in the
 // states given (record_intent, provider_cancel, mark_cancelled,
