@@ -84,6 +84,10 @@ type Message struct {
 	Traceparent string `json:"traceparent,omitempty"`
 }
 
+// HeaderTraceparent carries the event's trace (W3C Trace Context) on every
+// transport with headers: a NATS or Kafka header, a task's HTTP header.
+const HeaderTraceparent = "traceparent"
+
 // PolicyCancelled is the payload of policy.cancelled, written in the
 // transaction that marks the policy CANCELLED.
 type PolicyCancelled struct {

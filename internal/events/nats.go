@@ -101,10 +101,6 @@ func (n *NATS) Transport() string { return TransportNATS }
 // DuplicateWindow is the stream's dedupe window.
 func (n *NATS) DuplicateWindow() time.Duration { return n.cfg.DuplicateWindow }
 
-// HeaderTraceparent carries the event's trace (W3C Trace Context) on every
-// transport with headers: a NATS or Kafka header, a task's HTTP header.
-const HeaderTraceparent = "traceparent"
-
 // HeaderKey carries the event's aggregate ("policy:42") on a JetStream
 // message: what a consumer instance keeps one delivery in flight per.
 const HeaderKey = "Idemlab-Key"
