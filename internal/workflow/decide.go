@@ -80,7 +80,7 @@ const sqlStepDecided = ownerCTE + `
 UPDATE operation_steps s
    SET state = $5,
        answer = $6,
-       finished_at = now(),
+       finished_at = clock_timestamp(), -- the steps' clock (run.go, sqlInsertSteps)
        updated_at = now()
   FROM owner
  WHERE s.operation_id = owner.id

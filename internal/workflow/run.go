@@ -49,11 +49,20 @@ func (r *runner) crash(ctx context.Context, p crash.Point) {
 	}
 }
 
+// The steps' clock: a step's and an operation's times (sent_at,
+// finished_at) are clock_timestamp(), the moment the statement writes them —
+// the clock of operation_calls.at and operation_events.at — not now(), the
+// start of the transaction: one transaction records a call's answer and
+// sends the next step, and with now() both the next step's "sent" and this
+// one's "finished" would read earlier than the answer that made them. A
+// call's row takes its step's sent_at, and an answer's row its step's
+// finished_at, so the operation page's Steps and Calls show the same instants.
+
 const sqlInsertSteps = `
 INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
 SELECT $1, $2, s.position, s.name, s.step_key, s.system,
        CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, -- the start function wrote the intent
-       CASE WHEN s.position = 1 THEN now() END
+       CASE WHEN s.position = 1 THEN clock_timestamp() END -- the steps' clock, above
   FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS s(name, step_key, system, position)
 RETURNING ` + stepColumns
 
@@ -409,7 +418,7 @@ const ownerBeginEnd = `) -- 0 rows: cancelled before this step (true: a compensa
 const sqlStepsDone = ownerBegin + `$5::bool` + ownerBeginEnd + `
 UPDATE operation_steps s
    SET state = 'DONE',
-       finished_at = now(),
+       finished_at = clock_timestamp(), -- the steps' clock (sqlInsertSteps)
        updated_at = now()
   FROM owner
  WHERE s.operation_id = owner.id
@@ -422,7 +431,7 @@ const sqlStepSkipped = ownerBegin + `$6::bool` + ownerBeginEnd + `
 UPDATE operation_steps s
    SET state = 'DONE',
        answer = $5,
-       finished_at = now(),
+       finished_at = clock_timestamp(),
        updated_at = now()
   FROM owner
  WHERE s.operation_id = owner.id
@@ -455,7 +464,7 @@ sent AS (
        SET state = 'SENT',
            attempts = s.attempts + 1,
            deadline_at = greatest(s.deadline_at, $5), -- the latest deadline of any attempt: see the deadline rule
-           sent_at = now(),
+           sent_at = clock_timestamp(), -- the moment the call is recorded: its row's at, below
            request = coalesce(s.request, $6), -- computed once; every retry sends it verbatim
            traceparent = coalesce($10, s.traceparent), -- the trace of whoever sends it: what recovery continues
            updated_at = now()
@@ -467,8 +476,8 @@ sent AS (
     RETURNING s.*
 ),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-    SELECT operation_id, step_key, 'call', system, $8, $2, attempts, $5, $6
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request, at)
+    SELECT operation_id, step_key, 'call', system, $8, $2, attempts, $5, $6, sent_at
       FROM sent -- nothing when the fence refused the step
     RETURNING id
 )
@@ -484,7 +493,7 @@ answered AS (
        SET state = $5,
            truth = coalesce($6, s.truth),
            answer = $7,
-           finished_at = CASE WHEN $5 IN ('DONE', 'FAILED') THEN now() END,
+           finished_at = CASE WHEN $5 IN ('DONE', 'FAILED') THEN clock_timestamp() END, -- the answer row's at
            updated_at = now()
       FROM owner
      WHERE s.operation_id = owner.id
@@ -494,8 +503,8 @@ answered AS (
     RETURNING s.*
 ),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-    SELECT operation_id, step_key, 'answer', $8, system, $9, $2, $10, $11, $12, $13
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms, at)
+    SELECT operation_id, step_key, 'answer', $8, system, $9, $2, $10, $11, $12, $13, coalesce(finished_at, clock_timestamp())
       FROM answered
      WHERE $8::bigint IS NOT NULL -- a status query settled it: no call to answer
 )
@@ -571,7 +580,7 @@ UPDATE operations
        released = NULL,
        next_attempt_at = NULL,
        last_error = NULL,
-       finished_at = now(),
+       finished_at = clock_timestamp(), -- after its last step's
        updated_at = now()` + opFence
 
 const sqlFail = `
@@ -580,7 +589,7 @@ UPDATE operations
        released = NULL,
        next_attempt_at = NULL,
        last_error = $3,
-       finished_at = now(),
+       finished_at = clock_timestamp(),
        updated_at = now()` + opFence
 
 const sqlHandOver = `
