@@ -1333,6 +1333,11 @@ CREATE TABLE public.operation_steps (
     traceparent text,
     CONSTRAINT operation_steps_carried_check CHECK (((carried_from_run IS NULL) OR ((state = 'DONE'::text) AND (carried_from_run < run)))),
     CONSTRAINT operation_steps_finished_check CHECK (((state = ANY (ARRAY['DONE'::text, 'FAILED'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT operation_steps_key_check CHECK (((POSITION((':'::text) IN (name)) = 0) AND (step_key = (((operation_id || ':'::text) || name) ||
+CASE
+    WHEN (COALESCE(carried_from_run, run) > 1) THEN (':'::text || COALESCE(carried_from_run, run))
+    ELSE ''::text
+END)))),
     CONSTRAINT operation_steps_local_check CHECK (((system IS NOT NULL) OR (state = ANY (ARRAY['PENDING'::text, 'DONE'::text, 'FAILED'::text, 'CANCELLED'::text])))),
     CONSTRAINT operation_steps_sent_check CHECK (((state <> ALL (ARRAY['SENT'::text, 'UNKNOWN'::text])) OR ((deadline_at IS NOT NULL) AND (sent_at IS NOT NULL) AND (request IS NOT NULL)))),
     CONSTRAINT operation_steps_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'SENT'::text, 'DONE'::text, 'FAILED'::text, 'UNKNOWN'::text, 'CANCELLED'::text]))),
@@ -2190,7 +2195,7 @@ ALTER TABLE ONLY public.mailbox
 --
 
 ALTER TABLE ONLY public.operation_calls
-    ADD CONSTRAINT operation_calls_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT operation_calls_pkey PRIMARY KEY (operation_id, id);
 
 --
 -- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -2205,13 +2210,6 @@ ALTER TABLE ONLY public.operation_events
 
 ALTER TABLE ONLY public.operation_steps
     ADD CONSTRAINT operation_steps_pkey PRIMARY KEY (operation_id, run, name);
-
---
--- Name: operations operations_booking_type_key; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.operations
-    ADD CONSTRAINT operations_booking_type_key UNIQUE (booking_id, operation_type);
 
 --
 -- Name: operations operations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -2607,34 +2605,16 @@ CREATE INDEX mailbox_event_idx ON public.mailbox USING btree (event_id);
 CREATE INDEX mailbox_user_idx ON public.mailbox USING btree (user_id, id);
 
 --
--- Name: operation_calls_call_id_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX operation_calls_call_id_idx ON public.operation_calls USING btree (call_id) WHERE (call_id IS NOT NULL);
-
---
--- Name: operation_calls_operation_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX operation_calls_operation_idx ON public.operation_calls USING btree (operation_id, id);
-
---
 -- Name: operation_events_branch_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX operation_events_branch_idx ON public.operation_events USING btree (id DESC) WHERE (branch IS NOT NULL);
 
 --
--- Name: operation_steps_step_key_key; Type: INDEX; Schema: public; Owner: -
+-- Name: operations_booking_type_key; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE UNIQUE INDEX operation_steps_step_key_key ON public.operation_steps USING btree (step_key) WHERE (carried_from_run IS NULL);
-
---
--- Name: operations_booking_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX operations_booking_idx ON public.operations USING btree (booking_id) WHERE (booking_id IS NOT NULL);
+CREATE UNIQUE INDEX operations_booking_type_key ON public.operations USING btree (booking_id, operation_type) WHERE (booking_id IS NOT NULL);
 
 --
 -- Name: operations_claimable_idx; Type: INDEX; Schema: public; Owner: -
@@ -2713,12 +2693,6 @@ CREATE INDEX reconciliation_decisions_at_idx ON public.reconciliation_decisions 
 --
 
 CREATE INDEX reconciliation_decisions_step_key_idx ON public.reconciliation_decisions USING btree (step_key);
-
---
--- Name: reconciliation_decisions_truth_call_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX reconciliation_decisions_truth_call_idx ON public.reconciliation_decisions USING btree (truth_call_id) WHERE (truth_call_id IS NOT NULL);
 
 --
 -- Name: river_job_args_index; Type: INDEX; Schema: public; Owner: -
@@ -2896,11 +2870,11 @@ ALTER TABLE ONLY public.reconciliation_decisions
     ADD CONSTRAINT reconciliation_decisions_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(id);
 
 --
--- Name: reconciliation_decisions reconciliation_decisions_truth_call_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+-- Name: reconciliation_decisions reconciliation_decisions_truth_call_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.reconciliation_decisions
-    ADD CONSTRAINT reconciliation_decisions_truth_call_id_fkey FOREIGN KEY (truth_call_id) REFERENCES public.operation_calls(id);
+    ADD CONSTRAINT reconciliation_decisions_truth_call_fkey FOREIGN KEY (operation_id, truth_call_id) REFERENCES public.operation_calls(operation_id, id);
 
 --
 -- Name: sessions sessions_user_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

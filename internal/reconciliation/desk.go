@@ -147,7 +147,7 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
 		       request, outcome, truth, detail, took_ms
 		  FROM operation_calls
-		 WHERE operation_id = ANY($2) -- operation_calls_operation_idx
+		 WHERE operation_id = ANY($2) -- operation_calls_pkey
 		   AND step_key = ANY($1)
 		 ORDER BY id`, keys, ids)
 	if err != nil {

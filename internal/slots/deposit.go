@@ -417,7 +417,7 @@ SELECT id, 'CANCEL_DEPOSIT', user_id, $4, 'IN_PROGRESS',
    AND (user_id = $2 OR $3) -- owner or admin
    AND status = 'CONFIRMED'
    AND deposit_cents IS NOT NULL
-    ON CONFLICT (booking_id, operation_type) DO NOTHING -- a cancellation exists already: 0 rows
+    ON CONFLICT (booking_id, operation_type) WHERE booking_id IS NOT NULL DO NOTHING -- a cancellation exists already: 0 rows
 RETURNING ` + workflow.OperationColumns
 
 // startCancel is request_cancel: the intent to cancel the booking, owned by

@@ -404,8 +404,8 @@ func (app *App) identities(ctx context.Context, v operationView, subject string)
 	if v.BookingID != 0 { // the deposit saga: one operation of each type per booking
 		biz.State = "one " + v.Type + " per booking, whatever the key"
 		biz.Prevents = "a second " + strings.ToLower(sagaKind(v.Type)) + " of the same booking from another tab or a new key."
-		biz.Code, biz.CodeHref = "migrations/00010_workflow_steps.sql", CodeHref("migrations/00010_workflow_steps.sql",
-			idemlab.LineOf("migrations/00010_workflow_steps.sql", "ALTER TABLE operations ADD CONSTRAINT operations_booking_type_key UNIQUE (booking_id, operation_type);"))
+		biz.Code, biz.CodeHref = "migrations/00147_fewer_index_entries.sql", CodeHref("migrations/00147_fewer_index_entries.sql",
+			idemlab.LineOf("migrations/00147_fewer_index_entries.sql", "CREATE UNIQUE INDEX operations_booking_type_key ON operations (booking_id, operation_type) WHERE booking_id IS NOT NULL;"))
 	}
 	ids := []views.Identity{req, biz}
 	for _, s := range v.Steps {

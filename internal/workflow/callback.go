@@ -123,12 +123,13 @@ func (e *Engine) Callback(ctx context.Context, cb Callback) (CallbackResult, err
 				   AND event_id = $2`, cb.System, cb.EventID)
 			return err
 		}
-		var opID int64
+		opID, _ := operationOfKey(cb.StepKey) // 0 for a key we never made: no step has it
 		err = tx.QueryRow(ctx, `
 			SELECT operation_id
 			  FROM operation_steps
-			 WHERE step_key = $1
-			   AND carried_from_run IS NULL -- the step that sent it, not a retry's copy (operation_steps_step_key_key)`, cb.StepKey).Scan(&opID)
+			 WHERE operation_id = $2
+			   AND step_key = $1
+			   AND carried_from_run IS NULL -- the step that sent it, not a retry's copy`, cb.StepKey, opID).Scan(&opID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			res.Outcome, res.Detail = CallbackUnknownStep, "no step has the key "+cb.StepKey+": kept for a person"
 			return e.settleInbox(ctx, tx, cb, res)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -183,6 +184,19 @@ func StepKey(operationID int64, step string, run int) string {
 		return fmt.Sprintf("%d:%s", operationID, step)
 	}
 	return fmt.Sprintf("%d:%s:%d", operationID, step, run)
+}
+
+// operationOfKey is the operation a step key belongs to — its leading
+// number (false for a key StepKey did not make). The key is found among
+// that operation's steps: operation_steps is keyed by operation, and its
+// check (operation_steps_key_check) holds every key to StepKey's form.
+func operationOfKey(key string) (int64, bool) {
+	head, _, ok := strings.Cut(key, ":")
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(head, 10, 64)
+	return id, err == nil && id > 0
 }
 
 // opColumns is the select list scanOperation reads, in order.

@@ -212,8 +212,9 @@ func (a *attempt) untilConclusive(ctx context.Context, i int) (time.Duration, er
 	err := a.r.e.pool.QueryRow(ctx, `
 		SELECT coalesce(extract(epoch FROM deadline_at + make_interval(secs => $2) - `+database.Now(3)+`), 0)
 		  FROM operation_steps
-		 WHERE step_key = $1
-		   AND carried_from_run IS NULL -- the step that sends under the key (operation_steps_step_key_key)`, a.r.record(i).Key, a.budget.ClockSkew.Seconds(), a.r.e.cfg.Clock.Arg()).Scan(&secs)
+		 WHERE operation_id = $4
+		   AND step_key = $1
+		   AND carried_from_run IS NULL -- the step that sends under the key, not a retry's copy of it`, a.r.record(i).Key, a.budget.ClockSkew.Seconds(), a.r.e.cfg.Clock.Arg(), a.r.op.ID).Scan(&secs)
 	if err != nil {
 		return 0, fmt.Errorf("workflow: deadline of %s: %w", a.r.record(i).Key, err)
 	}
