@@ -162,6 +162,9 @@ func times(what string, n int64) string {
 // no broken variant (the timeout lab) has no such count and says what to
 // watch instead.
 func labTry(l LabInfo) string {
+	if l.Try != "" {
+		return l.Try
+	}
 	var bad []string
 	for _, c := range l.Columns {
 		if c.Bad {

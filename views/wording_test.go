@@ -73,7 +73,7 @@ var quoted = regexp.MustCompile(`“([^”]+)”`)
 // and a correct variant side by side.
 func TestLabTryNamesOnlyColumnsItsTableShows(t *testing.T) {
 	for _, l := range labs.All() {
-		info := LabInfo{Name: l.Name}
+		info := LabInfo{Name: l.Name, Try: l.Try}
 		bad := 0
 		for _, c := range l.Columns {
 			info.Columns = append(info.Columns, LabColumn{Label: c.Label, Bad: c.Bad})

@@ -136,3 +136,67 @@ func TestBrowserTimeoutLabAndTheRaceLabOnAPhone(t *testing.T) {
 	}
 	shoot(t, ctx, "race-lab")
 }
+
+// The failover lab from its page: the "try this", one Run (a private
+// primary and standby, three failovers), a row per setting — both
+// asynchronous rows broke, the synchronous one held — with the lost answers
+// highlighted; at 1280 and 390 px. Then a server without the binaries: the
+// page says what is missing and Run is off.
+func TestBrowserFailoverLab(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"RATE_LIMIT_LABS": "off"})
+	ctx := browsertest.New(t)
+	var try string
+	var rows, broken, held, badCells int
+	err := chromedp.Run(ctx,
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
+		chromedp.Navigate(s.URL+"/labs"),
+		chromedp.Click(`[data-lab="failover"] a`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="lab-run"]`, chromedp.ByQuery),
+		chromedp.Text(`.intro-try`, &try, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(try, "stored answers lost") || !strings.Contains(try, "executed twice") {
+		t.Errorf("the try-this does not name the counts to compare: %q", try)
+	}
+	shoot(t, ctx, "failover-before")
+	err = chromedp.Run(ctx,
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Click(`[data-testid="lab-run"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="lab-result"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid=lab-table] tbody tr').length`, &rows),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid=lab-table] tbody tr[data-held=false]').length`, &broken),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid=lab-table] tbody tr[data-held=true][data-variant=sync]').length`, &held),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid=lab-table] td.lab-bad[data-label="stored answers lost"]').length`, &badCells),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != 3 || broken != 2 || held != 1 || badCells != 2 {
+		t.Errorf("%d rows, %d broke, synchronous held: %d, %d lost-answer cells highlighted; want 3, 2, 1, 2", rows, broken, held, badCells)
+	}
+	shoot(t, ctx, "failover-result")
+
+	bare := startServer(t, map[string]string{"POSTGRES_BIN_DIR": t.TempDir()})
+	var why string
+	var disabled bool
+	err = chromedp.Run(ctx,
+		chromedp.Navigate(bare.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-alice"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
+		chromedp.Navigate(bare.URL+"/labs/failover"),
+		chromedp.Text(`[data-testid="lab-unavailable"]`, &why, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelector('[data-testid=lab-run]').disabled`, &disabled),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(why, "pg_basebackup") || !strings.Contains(why, "initdb") || !disabled {
+		t.Errorf("without the binaries the page says %q (Run disabled: %v)", why, disabled)
+	}
+	shoot(t, ctx, "failover-unavailable")
+}

@@ -73,6 +73,9 @@ type config struct {
 	// starts privately to restart one without persistence (REDIS_SERVER).
 	RedisURL    string
 	RedisServer string
+	// PostgresBinDir is where the failover lab finds PostgreSQL's server
+	// binaries (POSTGRES_BIN_DIR; "" = the newest Debian folder).
+	PostgresBinDir string
 
 	// FakeControlToken (FAKE_CONTROL_TOKEN), when set, is the bearer token
 	// the fakes' control APIs require and the app's control clients send;
@@ -142,6 +145,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		WebhookURL:         getenv("WEBHOOK_URL"),
 		RedisURL:           cmp.Or(getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"),
 		RedisServer:        cmp.Or(getenv("REDIS_SERVER"), "redis-server"),
+		PostgresBinDir:     getenv("POSTGRES_BIN_DIR"),
 
 		CrashAt:   getenv("CRASH_AT"),
 		CrashMode: cmp.Or(getenv("CRASH_MODE"), string(crash.Exit)),

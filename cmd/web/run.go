@@ -147,7 +147,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Write
 	}
 	// The labs: their own schema, pool, fake systems and Redis keys.
 	labRuns, err := labs.New(pool, labs.Config{
-		RedisURL: cfg.RedisURL, RedisServer: cfg.RedisServer, Logger: logger.With("component", "labs"),
+		RedisURL: cfg.RedisURL, RedisServer: cfg.RedisServer, PostgresBinDir: cfg.PostgresBinDir, Logger: logger.With("component", "labs"),
 		Timeouts: &labs.TimeoutsDeps{Canceller: wf.canceller, Provider: ext.providerControl, ProviderTimeout: cfg.ProviderTimeout},
 	})
 	if err != nil {

@@ -41,7 +41,9 @@
 //     labs.fake_effects, so a deliberate double effect never reaches the
 //     ledgers the invariants read. The one exception is the timeout lab,
 //     which is the real cancellation workflow: it cancels policies of its
-//     own account (timeout-lab), which nobody can sign in as.
+//     own account (timeout-lab), which nobody can sign in as. The failover
+//     lab keeps its keys and operations further away still: on a private
+//     primary and standby (internal/pgcluster) that live as long as its run.
 //   - Determinism: a broken variant breaks because of a crash point or a
 //     scheduled interleaving — channels, a barrier, a call held in the
 //     network by internal/netfault for a fixed time — never because of

@@ -24,12 +24,19 @@ type Lab struct {
 	// RunHint says under the Run button what a run does; "" for the usual
 	// "broken, then correct".
 	RunHint string `json:"-"`
+	// Try is the page's "try this" when the usual "compare the broken
+	// variant with the correct one" does not fit ("" for the usual). It
+	// quotes every count that should stay zero by its label, and no other.
+	Try string `json:"-"`
 	// Needs names what the lab needs beyond PostgreSQL ("" when nothing):
 	// without it a run answers 503 lab-unavailable.
 	Needs string `json:"needs,omitempty"`
 
 	// run runs every variant and returns them in order, broken first.
 	run func(ctx context.Context, e *env) ([]Variant, error)
+	// check, when set, says what this machine lacks for a run (nil:
+	// nothing), without running anything: the page says it before Run.
+	check func(cfg Config) error
 }
 
 // Column is one count of the result table: a key of Variant.Counts and what

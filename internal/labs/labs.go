@@ -34,6 +34,10 @@ type Config struct {
 	// free port of its own, to restart it without persistence
 	// (REDIS_SERVER). Default "redis-server" from PATH.
 	RedisServer string
+	// PostgresBinDir holds the PostgreSQL server binaries the failover lab
+	// runs a private primary and standby with (POSTGRES_BIN_DIR). Default:
+	// the newest /usr/lib/postgresql/<version>/bin.
+	PostgresBinDir string
 	// Timeouts is what the timeout lab needs of the app (nil: that lab
 	// answers ErrUnavailable).
 	Timeouts *TimeoutsDeps
@@ -50,6 +54,10 @@ type Labs struct {
 
 	mu      sync.Mutex
 	systems map[string]*fakeSystem // started on first use
+
+	// failoverRun holds a token while the failover lab runs: its servers
+	// are one run's at a time.
+	failoverRun chan struct{}
 }
 
 // maxLabConns bounds the connections the scenarios use at once, so labs
@@ -83,7 +91,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Labs, error) {
 		cfg.RedisPrefix = "idemlab:labs:" + pool.Config().ConnConfig.Database + ":"
 	}
 	cfg.RedisServer = cmp.Or(cfg.RedisServer, "redis-server")
-	return &Labs{pool: pool, lab: lab, redis: redis.NewClient(opts), cfg: cfg, systems: map[string]*fakeSystem{}}, nil
+	return &Labs{pool: pool, lab: lab, redis: redis.NewClient(opts), cfg: cfg, systems: map[string]*fakeSystem{},
+		failoverRun: make(chan struct{}, 1)}, nil
 }
 
 // Close stops the fake systems and closes the pool and the Redis client.
@@ -96,6 +105,20 @@ func (l *Labs) Close() {
 	l.mu.Unlock()
 	l.redis.Close()
 	l.lab.Close()
+}
+
+// Unavailable says why the lab called name cannot run here, as far as a
+// look at this machine tells without running it (the failover lab's server
+// binaries); "" when nothing is missing or the lab needs no such look.
+func (l *Labs) Unavailable(name string) string {
+	lab, ok := Find(name)
+	if !ok || lab.check == nil {
+		return ""
+	}
+	if err := lab.check(l.cfg); err != nil {
+		return strings.TrimPrefix(err.Error(), "pgcluster: ")
+	}
+	return ""
 }
 
 // Errors a run or a lookup returns.

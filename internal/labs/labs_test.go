@@ -2,11 +2,14 @@ package labs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/labs"
 	"github.com/idemlab/idemlab/internal/testdb"
+	"github.com/idemlab/idemlab/internal/testenv"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -290,5 +294,85 @@ func TestOrderingLab(t *testing.T) {
 		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM labs.`+table).Scan(&n); err != nil || n != 0 {
 			t.Errorf("labs.%s keeps %d rows after the runs (%v)", table, n, err)
 		}
+	}
+}
+
+// The failover lab, on a private primary and standby (internal/pgcluster):
+// both asynchronous variants lose the answers of the two cancellations the
+// standby never got and run them again — the first cancels those policies
+// twice, the second's provider key (from the policy) catches the repeat —
+// and the synchronous standby answers only what it has, losing nothing.
+// A second run started while one is under way is turned away.
+func TestFailoverLab(t *testing.T) {
+	testenv.SkipIfShort(t, "starts PostgreSQL servers of its own")
+	t.Parallel()
+	l, _, user := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// Two runs at once: one runs, the other is turned away while it does.
+	runs := make([]labs.Run, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			runs[i], errs[i] = l.Run(ctx, labs.RunRequest{Lab: "failover", UserID: user}, workflow.Hooks[labs.Run]{})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	ran := slices.IndexFunc(errs, func(err error) bool { return err == nil })
+	if ran < 0 {
+		t.Fatalf("no run finished: %v", errors.Join(errs...))
+	}
+	r, other := runs[ran], errs[1-ran]
+	if !errors.Is(other, labs.ErrUnavailable) || !strings.Contains(other.Error(), "another run") {
+		t.Errorf("a second run beside the first: %v, want ErrUnavailable (another run under way)", other)
+	}
+	v := map[string]labs.Variant{}
+	for _, vr := range r.Variants {
+		v[vr.Name] = vr
+		t.Logf("%s: %s\n%s", vr.Title, vr.Verdict, timelineText(vr))
+	}
+	want(t, v["async"], false, map[string]int{"acknowledged": 5, "lost": 2, "twice": 2, "caught_by_key": 0, "caught_by_identity": 0})
+	want(t, v["async-identity-key"], false, map[string]int{"acknowledged": 5, "lost": 2, "twice": 0, "caught_by_key": 2, "caught_by_identity": 0})
+	want(t, v["sync"], true, map[string]int{"acknowledged": 3, "lost": 0, "twice": 0, "caught_by_key": 0, "caught_by_identity": 0})
+	if len(r.Variants) != 3 {
+		t.Errorf("%d variants, want 3", len(r.Variants))
+	}
+}
+
+// Without the server binaries the failover lab says, before any run, what
+// is missing and where it looked; a run answers ErrUnavailable with the
+// same words and starts nothing.
+func TestFailoverLabSaysWhatIsMissing(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	empty := t.TempDir()
+	l, err := labs.New(db.Pool, labs.Config{PostgresBinDir: empty})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	why := l.Unavailable("failover")
+	for _, must := range []string{"initdb", "postgres", "pg_ctl", "pg_basebackup", empty} {
+		if !strings.Contains(why, must) {
+			t.Errorf("Unavailable says %q; it does not name %q", why, must)
+		}
+	}
+	if other := l.Unavailable("claim"); other != "" {
+		t.Errorf("the claim lab needs nothing more, yet: %q", other)
+	}
+	var user int64
+	db.Pool.QueryRow(context.Background(), `
+		INSERT INTO users (name, api_token_sha256)
+		VALUES ('lab-tester', sha256('lab-tester'::bytea))
+		RETURNING id`).Scan(&user)
+	_, err = l.Run(context.Background(), labs.RunRequest{Lab: "failover", UserID: user}, workflow.Hooks[labs.Run]{})
+	if !errors.Is(err, labs.ErrUnavailable) || !strings.Contains(err.Error(), "pg_basebackup") {
+		t.Fatalf("a run without the binaries: %v, want ErrUnavailable naming them", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemlab/idemlab/internal/external"
@@ -365,6 +366,20 @@ type cancellation struct {
 	// beforeCall, when set, runs just before the provider call: the
 	// schedule's hook to hold an attempt in flight.
 	beforeCall func(actor string)
+	// db holds the keys and the operations: the labs' pool when nil (the
+	// failover lab's is a private primary with its standby).
+	db *pgxpool.Pool
+	// providerKey, when set, makes the provider call's key; otherwise it is
+	// the operation's step key, as the app's (workflow.StepKey).
+	providerKey func(opID int64) string
+}
+
+// pool is where the cancellation's keys and operations live.
+func (c *cancellation) pool() *pgxpool.Pool {
+	if c.db != nil {
+		return c.db
+	}
+	return c.e.lab
 }
 
 // table is the operations table the variant writes: with the business
@@ -383,7 +398,7 @@ func (c *cancellation) attempt(ctx context.Context, actor string, crashAt labCra
 	var answer string
 	refused := false
 	// tx 1: the claim (for PostgreSQL) and the intent.
-	err := pgx.BeginFunc(ctx, c.e.lab, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, c.pool(), func(tx pgx.Tx) error {
 		replay, err := ks.claim(ctx, tx, c.key)
 		if err != nil || replay != "" {
 			answer = replay
@@ -431,6 +446,9 @@ func (c *cancellation) attempt(ctx context.Context, actor string, crashAt labCra
 	// The provider call, under the operation's step key: a second operation
 	// is a second key, so even an idempotent provider applies it again.
 	stepKey := fmt.Sprintf("%s-op-%d:provider_cancel", c.e.name("redis", c.variant), opID)
+	if c.providerKey != nil {
+		stepKey = c.providerKey(opID)
+	}
 	res, err := c.sys.client(redisCallTimout).Send(ctx, external.Call{
 		Path: callsPath, Key: stepKey, Body: callBody{SubjectID: c.subject, What: "cancel"}})
 	if err != nil {
@@ -443,7 +461,7 @@ func (c *cancellation) attempt(ctx context.Context, actor string, crashAt labCra
 
 	// tx 2: the outcome — the business commit — and, in PostgreSQL, the answer.
 	answer = fmt.Sprintf("200 cancelled by operation %d", opID)
-	err = pgx.BeginFunc(ctx, c.e.lab, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, c.pool(), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE `+c.table()+` SET status = 'SUCCEEDED' WHERE id = $1`, opID); err != nil {
 			return err
 		}

@@ -26,6 +26,7 @@ var catalogue = []*Lab{
 	timeoutsLab,
 	callbacksLab,
 	orderingLab,
+	failoverLab,
 }
 
 // The lines are found once, at start-up: the embedded source cannot change.

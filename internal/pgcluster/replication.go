@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,40 @@ const StandbyName = "standby"
 var Synchronous = map[string]string{
 	"synchronous_standby_names": quote(StandbyName),
 	"synchronous_commit":        "on",
+}
+
+// StandbyBinaries are the server binaries a primary with a streaming
+// standby needs: Start's and StartStandby's.
+var StandbyBinaries = []string{"initdb", "postgres", "pg_ctl", "pg_basebackup"}
+
+// Check says what this machine lacks to run a primary and a streaming
+// standby with the binaries in binDir ("" = the newest Debian folder, as
+// Start picks it): nil when nothing, else an error naming every missing
+// binary and where it was looked for — or, as root, the missing user the
+// server would run as. It starts nothing.
+func Check(binDir string) error {
+	if binDir == "" {
+		var err error
+		if binDir, err = FindBinDir(); err != nil {
+			return fmt.Errorf("pgcluster: %s missing: no %s/<version>/bin holds them (Debian's postgresql package)",
+				strings.Join(StandbyBinaries, ", "), DebianRoot)
+		}
+	}
+	var missing []string
+	for _, bin := range StandbyBinaries {
+		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
+			missing = append(missing, bin)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("pgcluster: %s missing from %s (Debian's postgresql package)", strings.Join(missing, ", "), binDir)
+	}
+	if os.Geteuid() == 0 {
+		if _, err := unprivileged("postgres"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // StartStandby copies primary with pg_basebackup into a cluster of its own
@@ -101,11 +136,19 @@ func (c *Cluster) Promote() error {
 	if err != nil {
 		return fmt.Errorf("pgcluster: pg_ctl promote: %w: %s", err, bytes.TrimSpace(out))
 	}
-	return c.waitFor(func(conn *pgx.Conn) (bool, error) {
+	err = c.waitFor(func(conn *pgx.Conn) (bool, error) {
 		var inRecovery bool
 		err := conn.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&inRecovery)
 		return !inRecovery, err
 	})
+	if err != nil {
+		return err
+	}
+	// A primary streams from nobody. A paused standby's empty
+	// primary_conninfo stays in postgresql.auto.conf, which a standby
+	// copied from this server would inherit over the conninfo StartStandby
+	// gives it: it would never stream.
+	return c.resetAndReload("primary_conninfo")
 }
 
 // CaughtUp waits until the standby has flushed everything primary has
@@ -152,6 +195,25 @@ func (c *Cluster) setAndReload(name, value string) error {
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET `+name+` = `+quote(value)); err != nil {
 		return fmt.Errorf("pgcluster: set %s: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		return fmt.Errorf("pgcluster: reload: %w", err)
+	}
+	return nil
+}
+
+// resetAndReload drops one setting from postgresql.auto.conf (ALTER SYSTEM
+// RESET) and reloads the configuration.
+func (c *Cluster) resetAndReload(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM RESET `+name); err != nil {
+		return fmt.Errorf("pgcluster: reset %s: %w", name, err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		return fmt.Errorf("pgcluster: reload: %w", err)

@@ -333,6 +333,7 @@ func (app *App) renderLabPage(c echo.Context, run *labs.Run) error {
 	}
 	v := views.LabPageView{Lab: labInfo(lab), RunKey: newFormKey(), CSRF: csrfToken(c)}
 	if app.labs != nil {
+		v.Unavailable = app.labs.Unavailable(lab.Name)
 		u, _ := userFrom(c)
 		recent, err := app.labs.Latest(c.Request().Context(), lab.Name, u.ID, labsRecent)
 		if err != nil {
@@ -358,7 +359,7 @@ func (app *App) renderLabPage(c echo.Context, run *labs.Run) error {
 
 // labInfo is what the page shows of a lab.
 func labInfo(lab labs.Lab) views.LabInfo {
-	info := views.LabInfo{Number: lab.Number, Name: lab.Name, Title: lab.Title, Lesson: lab.Lesson, RunHint: lab.RunHint}
+	info := views.LabInfo{Number: lab.Number, Name: lab.Name, Title: lab.Title, Lesson: lab.Lesson, RunHint: lab.RunHint, Try: lab.Try}
 	for _, col := range lab.Columns {
 		info.Columns = append(info.Columns, views.LabColumn{Label: col.Label, Bad: col.Bad})
 	}
