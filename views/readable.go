@@ -33,6 +33,19 @@ func ErrorSummary(text string) (summary, raw string) {
 	if loc == nil && !strings.Contains(text, "{") && utf8.RuneCountInString(text) <= 160 {
 		return text, ""
 	}
+	if loc != nil {
+		// A chain inside parentheses — "provider could not be asked
+		// (provider: status 7:…: unexpected HTTP status 503); lease renewed"
+		// — is summed up inside them, and what follows them stays: cut at
+		// the chain, the summary would leave the parenthesis open and lose
+		// the rest of the sentence.
+		if open := strings.LastIndex(text[:loc[0]], "("); open >= 0 && !strings.Contains(text[open:loc[0]], ")") {
+			if end := closingParen(text, open); end > 0 {
+				inner, _ := ErrorSummary(text[open+1 : end])
+				return text[:open] + "(" + lowerFirst(inner) + ")" + text[end+1:], text
+			}
+		}
+	}
 	head, chain := text, ""
 	if loc != nil {
 		head, chain = strings.TrimSuffix(text[:loc[0]], ":"), text[loc[0]:]
@@ -139,4 +152,31 @@ func capitalize(s string) string {
 		return s
 	}
 	return string(unicode.ToUpper(r)) + s[size:]
+}
+
+// closingParen is the index of the parenthesis that closes the one at
+// open in s, or -1 when none does.
+func closingParen(s string, open int) int {
+	depth := 0
+	for i := open; i < len(s); i++ {
+		switch s[i] {
+		case '(':
+			depth++
+		case ')':
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// lowerFirst is s with its first letter in lower case (a summary set inside
+// a sentence).
+func lowerFirst(s string) string {
+	r, n := utf8.DecodeRuneInString(s)
+	if r == utf8.RuneError {
+		return s
+	}
+	return string(unicode.ToLower(r)) + s[n:]
 }

@@ -11,6 +11,11 @@ func TestErrorSummaryReadsLikeASentence(t *testing.T) {
 		{"policies: operation not found", "Not found"},
 		{"workflow: step audit: something odd happened", "Step audit: something odd happened"},
 		{"every step done", "every step done"},
+		// A chain inside parentheses is summed up inside them, the sentence
+		// around it kept (issue 29's second read, finding 21: the summary
+		// ended "…(provider: status 3:provider_cancel: … (HTTP 503)", open).
+		{"poll 1/5: provider could not be asked (provider: status 3:provider_cancel: external: unreachable: unexpected HTTP status 503: {\"error\":\"unavailable\"}); lease renewed, asking again in 2s",
+			"poll 1/5: provider could not be asked (the provider answered with an error (HTTP 503)); lease renewed, asking again in 2s"},
 	} {
 		summary, raw := ErrorSummary(tc.text)
 		if summary != tc.summary {

@@ -34,6 +34,24 @@ func ParseResolution(action string) (workflow.Resolution, bool) {
 	return "", false
 }
 
+// DecisionWords says a decision in a person's words, as the desk's notice
+// and its list of decisions show it: the action's code name ("mark_done")
+// is the API's, not the page's.
+func DecisionWords(action string) string {
+	r, ok := ParseResolution(action)
+	if !ok {
+		return action
+	}
+	switch r {
+	case workflow.ResolveDone:
+		return "marked done: the step happened"
+	case workflow.ResolveRetry:
+		return "handed back to recovery, which asks again first"
+	default:
+		return "marked failed: the step did not happen"
+	}
+}
+
 // ResolveRequest is one person's decision on one operation, with the state
 // they saw when they made it.
 type ResolveRequest struct {

@@ -303,7 +303,8 @@ func deskNotice(q url.Values) string {
 	}
 	if id, err := parseID(q.Get("resolved")); err == nil {
 		if action, ok := reconciliation.ParseResolution(q.Get("action")); ok {
-			return fmt.Sprintf("Operation #%d: decision recorded (%s). It is on the operation's timeline.", id, action)
+			return fmt.Sprintf("Operation #%d: decision recorded — %s. It is on the operation's timeline.", id,
+				reconciliation.DecisionWords(string(action)))
 		}
 	}
 	return ""
@@ -332,7 +333,7 @@ func deskCard(it reconciliation.Item) views.DeskItem {
 
 func decisionRow(d reconciliation.Decision) views.DecisionRow {
 	return views.DecisionRow{At: d.At.UTC().Format("15:04:05 MST"), OperationID: d.OperationID, DecidedBy: d.DecidedBy,
-		Decision: d.Decision, TruthSeen: d.TruthSeen, Suggested: d.Suggested, BatchSize: d.BatchSize, Note: d.Note}
+		Decision: reconciliation.DecisionWords(d.Decision), TruthSeen: d.TruthSeen, Suggested: d.Suggested, BatchSize: d.BatchSize, Note: d.Note}
 }
 
 // handleReconcileBadge: GET /reconciliation/badge (admin) — the nav's count.
