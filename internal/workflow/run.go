@@ -418,7 +418,7 @@ const ownerBeginEnd = `) -- 0 rows: cancelled before this step (true: a compensa
 const sqlStepsDone = ownerBegin + `$5::bool` + ownerBeginEnd + `
 UPDATE operation_steps s
    SET state = 'DONE',
-       finished_at = clock_timestamp(), -- the steps' clock (sqlInsertSteps)
+       finished_at = (SELECT clock_timestamp()), -- one instant for all: done together, none before an earlier one
        updated_at = now()
   FROM owner
  WHERE s.operation_id = owner.id
