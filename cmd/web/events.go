@@ -278,7 +278,10 @@ func (er *eventsRuntime) runKafka(ctx context.Context) {
 func (er *eventsRuntime) runRiver(ctx context.Context) {
 	rc, err := events.NewRiverConsumers(er.pool, er.handlers(), events.RiverConfig{
 		ID: er.instance + "-" + fmt.Sprint(time.Now().UnixNano()), JobTimeout: er.cfg.AckWait / 2,
-		RescueAfter: er.cfg.AckWait, Injector: er.injector, Logger: er.logger})
+		RescueAfter: er.cfg.AckWait, Injector: er.injector, Logger: er.logger,
+		// A direct URL beside DATABASE_URL means the pool goes through a
+		// pooler in transaction mode, where River's LISTEN would be lost.
+		PollOnly: er.listen != er.pool})
 	if err != nil {
 		er.logger.Error("events: river consumers", "err", err)
 		return

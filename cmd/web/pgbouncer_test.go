@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemlab/idemlab/internal/events"
 	"github.com/idemlab/idemlab/internal/pgcluster"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
@@ -115,3 +119,78 @@ func TestThroughPgBouncer(t *testing.T) {
 		return pending == 0
 	})
 }
+
+// River (EVENTS_TRANSPORT=river) through PgBouncer in transaction mode.
+// A DATABASE_DIRECT_URL beside a pooled DATABASE_URL puts River in
+// poll-only mode: it never sends LISTEN through the bouncer, where the
+// LISTEN would hold on a server connection the bouncer lends to the next
+// client and River would wait for notifications that reach someone else.
+// Keyed cancellations insert their events' jobs in the business
+// transaction; every consumer applies every event, once.
+func TestRiverThroughPgBouncer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster and a PgBouncer")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	// Every statement in the server's log, with the client's application
+	// name: the direct pool's is "direct", the bouncer's connections have none.
+	c := pgcluster.ForTest(t, pgcluster.Options{Settings: map[string]string{
+		"log_statement": "'all'", "log_line_prefix": "'%m [%p] app=%a '"}})
+	b := pgcluster.BouncerForTest(t, c, 3)
+	name := privateDatabase(t, c)
+	direct := c.URLFor(name) + "&application_name=direct"
+	s := startServerOn(t, &testdb.DB{URL: b.URLFor(name)}, map[string]string{
+		"DATABASE_DIRECT_URL": direct, "DB_MAX_CONNS": "10", "FAKE_DB_MAX_CONNS": "4",
+		"RATE_LIMIT_WRITES_PER_USER": "off", "EVENTS_TRANSPORT": "river",
+	})
+	pool, err := pgxpool.New(ctx, direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s.DB = &testdb.DB{URL: direct, Pool: pool}
+
+	rows, _ := pool.Query(ctx, `
+		SELECT p.id FROM policies p JOIN users u ON u.id = p.user_id
+		 WHERE u.name = 'alice' AND p.status = 'ACTIVE' ORDER BY p.id LIMIT 3`)
+	policies, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(policies) != 3 {
+		t.Fatalf("alice's policies: %v %v", policies, err)
+	}
+	for i, id := range policies {
+		r := s.do(request{Method: "POST", Token: "demo-alice", Path: fmt.Sprintf("/api/v1/policies/%d/cancel", id),
+			Header: map[string]string{"Idempotency-Key": fmt.Sprintf("river-bouncer-%d", i)}})
+		if r.Status != 200 {
+			t.Fatalf("cancellation %d through the bouncer: %d %s", i, r.Status, r.Body)
+		}
+	}
+	var written int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&written); err != nil || written < len(policies) {
+		t.Fatalf("%d events written (%v), want at least %d", written, err, len(policies))
+	}
+	// Every consumer applies every event: River's jobs, worked through the bouncer.
+	waitUntil(t, time.Minute, func() bool {
+		var short int
+		pool.QueryRow(ctx, `
+			SELECT count(*)
+			  FROM outbox o
+			 WHERE (SELECT count(*) FROM inbox i WHERE i.event_id = o.id) < $1`, len(events.Consumers)).Scan(&short)
+		return short == 0
+	})
+	s.assertInvariants(t) // invariant 9: each consumer applied each event once
+
+	log, err := os.ReadFile(c.LogPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(log), "\n") {
+		if listenStatement.MatchString(line) && !strings.Contains(line, "app=direct ") {
+			t.Errorf("a LISTEN went through the bouncer:\n%s", line)
+		}
+	}
+}
+
+// listenStatement is a LISTEN in the server's log (log_statement = all),
+// sent by simple query or as an extended-protocol execute.
+var listenStatement = regexp.MustCompile(`(statement|execute [^:]*): LISTEN\b`)

@@ -85,8 +85,15 @@ type RiverConfig struct {
 	// with Workers it bounds throughput (Workers per cooldown). Default
 	// 20ms (River's own default is 100ms: 40 jobs/s with 4 workers).
 	FetchCooldown time.Duration
-	Injector      *Injector
-	Logger        *slog.Logger
+	// PollOnly keeps River off LISTEN: it looks for jobs every
+	// PollInterval and elects its leader by polling. Set it when the pool
+	// goes through a pooler in transaction mode (PgBouncer): there a LISTEN
+	// lands on a server connection the pooler lends to the next client, and
+	// River would wait for notifications that never reach it
+	// (docs/scaling.md).
+	PollOnly bool
+	Injector *Injector
+	Logger   *slog.Logger
 }
 
 func (c RiverConfig) withDefaults() RiverConfig {
@@ -137,6 +144,7 @@ func NewRiverConsumers(pool *pgxpool.Pool, handlers []*Handler, cfg RiverConfig)
 		RescueStuckJobsAfter: cfg.RescueAfter,
 		FetchPollInterval:    cfg.PollInterval,
 		FetchCooldown:        cfg.FetchCooldown,
+		PollOnly:             cfg.PollOnly,
 		MaxAttempts:          riverMaxAttempts,
 		Logger:               cfg.Logger,
 	})
