@@ -454,10 +454,15 @@ func TestDockerfileBuild(t *testing.T) {
 	cmd = strings.Replace(cmd, " -o /out/web ", " -o "+out+" ", 1)
 
 	// Docker runs the shell form of RUN with /bin/sh -c. The build context has
-	// no .git (.dockerignore), so no VCS stamp there; none here either.
+	// no .git (.dockerignore), so no VCS stamp there; none here either. The
+	// chaos soak and the load tool's test build the same binary
+	// (testenv.AppBinary): one build at a time, so the second is a link.
 	build := exec.Command("sh", "-c", cmd)
-	build.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -buildvcs=false"))
-	if output, err := build.CombinedOutput(); err != nil {
+	build.Env = testenv.BuildEnv()
+	unlock := testenv.LockBuild(t)
+	output, err := build.CombinedOutput()
+	unlock()
+	if err != nil {
 		t.Fatalf("%s: %v\n%s", cmd, err, output)
 	}
 	info, err := os.Stat(out)

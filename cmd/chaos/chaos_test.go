@@ -31,7 +31,8 @@ func TestChaosSoakBreaksNoPromise(t *testing.T) {
 	// (each kind draws from a stream of its own: the same seed makes the
 	// same decisions, only their count depends on the machine); 40 s leaves
 	// room for a slow restart. Seed 11 at 60 s never held a call.
-	code := run(ctx, []string{"-duration", "40s", "-drain", "2m", "-seed", "2207", "-quiet", "-out", out}, &stdout, &stderr)
+	// The app as it ships, built once per suite (testenv.AppBinary).
+	code := run(ctx, []string{"-bin", testenv.AppBinary(t), "-duration", "40s", "-drain", "2m", "-seed", "2207", "-quiet", "-out", out}, &stdout, &stderr)
 	if code != exitOK {
 		keep := filepath.Join(os.TempDir(), "chaos-test-"+time.Now().Format("150405"))
 		os.CopyFS(keep, os.DirFS(out))

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -118,11 +117,7 @@ func TestAWarmupIsDrivenButNotMeasured(t *testing.T) {
 func startApp(t *testing.T) (string, *testdb.DB) {
 	t.Helper()
 	db := testdb.New(t)
-	bin := filepath.Join(t.TempDir(), "web")
-	build := exec.Command("go", "build", "-o", bin, "github.com/idemlab/idemlab/cmd/web")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build cmd/web: %v\n%s", err, out)
-	}
+	bin := testenv.AppBinary(t)
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+db.URL,

@@ -48,8 +48,12 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 		"PAYMENTS_ADDR":  "127.0.0.1:0",
 		"KAFKA_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=kafka, an embedded broker of its own
 		"TASKS_ADDR":     "127.0.0.1:0", // with EVENTS_TRANSPORT=tasks, a fake task queue of its own
-		"DB_MAX_CONNS":   "10",
-		"NATS_URL":       testenv.NATSURL(t), // the machine's, or one embedded in the test binary
+		// The suite's budget is 60 connections (docs/testing.md), two of
+		// these servers at a time: the app's default pool, and the in-process
+		// fakes' small — a test that loads a fake sets its own.
+		"DB_MAX_CONNS":      "8",
+		"FAKE_DB_MAX_CONNS": "4",
+		"NATS_URL":          testenv.NATSURL(t), // the machine's, or one embedded in the test binary
 		// The tests drive the demo: demo accounts, reset, crash switch.
 		"DEMO_MODE": "true",
 	}
