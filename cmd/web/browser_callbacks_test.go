@@ -130,7 +130,10 @@ func TestBrowserEventsPageCountsParkedEvents(t *testing.T) {
 	if err := chromedp.Run(ctx,
 		chromedp.Navigate(s.URL+"/signin"),
 		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
-		chromedp.WaitVisible(`body`, chromedp.ByQuery),
+		// The signed-in page, not any body: the sign-in page's own body is
+		// visible at once, and a Navigate during the sign-in's navigation
+		// aborts it (net::ERR_ABORTED).
+		chromedp.WaitVisible(`[data-testid="signed-in-as"]`, chromedp.ByQuery),
 		chromedp.Navigate(s.URL+"/events"),
 		chromedp.Text(`[data-testid="history-parked-then-applied"]`, &parked, chromedp.ByQuery),
 	); err != nil {

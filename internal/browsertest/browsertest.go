@@ -6,13 +6,19 @@ package browsertest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemlab/idemlab/internal/testenv"
@@ -22,28 +28,95 @@ import (
 // .ci/run installs it when it is missing. CHROMIUM overrides it.
 const ChromiumPath = "/usr/bin/chromium"
 
-// New starts a browser for this test and returns a context to run chromedp
-// actions in. The browser is closed when the test ends; if the test failed,
-// a full-page screenshot is saved first (see ScreenshotDir) and its path
-// logged. A missing browser fails the test: a skipped browser test proves
-// nothing.
+// New opens a tab for this test in a browser context of its own — cookies,
+// storage and cache as in a fresh browser, and nothing shared with another
+// test — and returns a context to run chromedp actions in. The tab and its
+// browser context close when the test ends; if the test failed, a full-page
+// screenshot is saved first (see ScreenshotDir) and its path logged. A
+// missing browser fails the test: a skipped browser test proves nothing.
+//
+// The Chromium process itself is shared by the tests of one binary (started
+// by the first, again if it died): a browser context is as isolated as a new
+// browser, and starting one costs a few milliseconds where starting Chromium
+// costs a second or two of CPU — for each of the suite's browser tests.
 func New(t testing.TB) context.Context {
 	t.Helper()
 	testenv.SkipIfShort(t, "starts Chromium")
+	browserCtx, err := shared.get()
+	if err != nil {
+		t.Fatalf("browsertest: %v", err)
+	}
+	// The browser context and its first tab are made here, not with
+	// chromedp.WithNewBrowserContext: a new context has no window yet, and
+	// Chromium opens a tab in one only when asked for a new window.
+	browserCDP := cdp.WithExecutor(browserCtx, chromedp.FromContext(browserCtx).Browser)
+	contextID, err := target.CreateBrowserContext().Do(browserCDP)
+	if err != nil {
+		t.Fatalf("browsertest: new browser context: %v", err)
+	}
+	tabID, err := target.CreateTarget("about:blank").WithBrowserContextID(contextID).WithNewWindow(true).Do(browserCDP)
+	if err != nil {
+		t.Fatalf("browsertest: open a tab: %v", err)
+	}
+	tabCtx, cancelTab := chromedp.NewContext(browserCtx, chromedp.WithTargetID(tabID))
+	closeTab := func() {
+		cancelTab() // detaches from the tab and closes it
+		target.DisposeBrowserContext(contextID).Do(browserCDP)
+	}
+	if err := chromedp.Run(tabCtx); err != nil {
+		closeTab()
+		t.Fatalf("browsertest: attach to the tab: %v", err)
+	}
+	// A bound for one test's browser work: generous, because on a loaded
+	// machine a test's steps took over a minute together; a step waiting
+	// for something that never appears still fails the test.
+	ctx, cancelTimeout := context.WithTimeout(tabCtx, 5*time.Minute)
+	t.Cleanup(func() {
+		cancelTimeout()
+		closeTab()
+	})
+	// Registered after the tab's cleanup, so it runs before it (LIFO).
+	t.Cleanup(func() {
+		if t.Failed() {
+			// tabCtx, not ctx: ctx may be the deadline that failed the test.
+			if p, err := Screenshot(tabCtx, t, "failure"); err == nil {
+				t.Logf("browsertest: screenshot of the failing page: %s", p)
+			} else {
+				t.Logf("browsertest: no screenshot of the failing page: %v", err)
+			}
+		}
+	})
+	return ctx
+}
+
+// shared is the test binary's Chromium.
+var shared browser
+
+type browser struct {
+	mu  sync.Mutex
+	ctx context.Context // done when the browser has gone
+}
+
+// get returns the running browser's context, starting Chromium when none
+// runs (the first test, or after a crash). The browser lives until the test
+// binary exits: chromedp starts it with a parent-death signal, so it dies
+// with the binary, and its profile folder is named by the binary's pid so
+// that the next binary removes what this one leaves.
+func (b *browser) get() (context.Context, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ctx != nil && b.ctx.Err() == nil {
+		return b.ctx, nil
+	}
 	path := ChromiumPath
 	if p := os.Getenv("CHROMIUM"); p != "" {
 		path = p
 	}
 	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("browsertest: no Chromium at %s (apt-get install chromium, or run .ci/run): %v", path, err)
+		return nil, fmt.Errorf("no Chromium at %s (apt-get install chromium, or run scripts/test-deps.sh): %w", path, err)
 	}
-	// Not t.TempDir: Chromium's helper processes may still write to the
-	// profile for a moment after the browser exits, which fails t.TempDir's
-	// strict removal. This directory is removed on a best-effort basis.
-	profile, err := os.MkdirTemp("", "idemlab-chromium-")
-	if err != nil {
-		t.Fatalf("browsertest: %v", err)
-	}
+	removeDeadProfiles()
+	profile := filepath.Join(os.TempDir(), fmt.Sprintf("%s%d", profilePrefix, os.Getpid()))
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.Headless,
@@ -61,41 +134,30 @@ func New(t testing.TB) context.Context {
 		chromedp.WSURLReadTimeout(2*time.Minute),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	tabCtx, cancelCtx := chromedp.NewContext(allocCtx)
-	// Start the browser on tabCtx: the first Run ties the browser's life to
-	// its context, so it must not be the one with the deadline below.
-	if err := chromedp.Run(tabCtx); err != nil {
-		cancelCtx()
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	// The first Run starts the browser and ties its life to ctx, which is
+	// never cancelled: the browser outlives every test's tab.
+	if err := chromedp.Run(ctx); err != nil {
+		cancel()
 		cancelAlloc()
-		t.Fatalf("browsertest: start Chromium: %v", err)
+		return nil, fmt.Errorf("start Chromium: %w", err)
 	}
-	// A bound for one test's browser work: generous, because on a loaded
-	// machine a test's steps took over a minute together; a step waiting
-	// for something that never appears still fails the test.
-	ctx, cancelTimeout := context.WithTimeout(tabCtx, 5*time.Minute)
-	t.Cleanup(func() {
-		cancelTimeout()
-		cancelCtx()
-		cancelAlloc()
-		for range 20 {
-			if os.RemoveAll(profile) == nil {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+	b.ctx = ctx
+	return ctx, nil
+}
+
+const profilePrefix = "idemlab-browser-pid"
+
+// removeDeadProfiles removes the profile folders of test binaries that have
+// exited (their pid is gone).
+func removeDeadProfiles() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), profilePrefix+"*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), profilePrefix))
+		if err != nil || syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.RemoveAll(d)
 		}
-	})
-	// Registered after the browser's cleanup, so it runs before it (LIFO).
-	t.Cleanup(func() {
-		if t.Failed() {
-			// tabCtx, not ctx: ctx may be the deadline that failed the test.
-			if p, err := Screenshot(tabCtx, t, "failure"); err == nil {
-				t.Logf("browsertest: screenshot of the failing page: %s", p)
-			} else {
-				t.Logf("browsertest: no screenshot of the failing page: %v", err)
-			}
-		}
-	})
-	return ctx
+	}
 }
 
 // ScreenshotDir is where screenshots go: $SCREENSHOT_DIR, or a folder in
