@@ -242,7 +242,7 @@ func TestUnknownRoutes(t *testing.T) {
 
 func TestHealthReadinessAndMetrics(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, nil)
+	s := startServer(t, map[string]string{"DB_MAX_CONNS": "6"}) // the gauge below reads it
 	if r := s.do(request{Method: "GET", Path: "/healthz"}); r.Status != 200 {
 		t.Fatalf("healthz: %d", r.Status)
 	}
@@ -254,7 +254,7 @@ func TestHealthReadinessAndMetrics(t *testing.T) {
 	for _, want := range []string{
 		`idemlab_http_requests_total{method="GET",route="/api/v1/policies",status="200"} 1`,
 		"idemlab_http_request_duration_seconds_bucket",
-		"idemlab_db_pool_max_conns 10",
+		"idemlab_db_pool_max_conns 6",
 	} {
 		if !bytes.Contains(m.Body, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)
