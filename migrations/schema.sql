@@ -1279,35 +1279,43 @@ ALTER TABLE public.operation_calls ALTER COLUMN id ADD GENERATED ALWAYS AS IDENT
 );
 
 --
--- Name: operation_events; Type: TABLE; Schema: public; Owner: -
+-- Name: operation_timeline; Type: TABLE; Schema: public; Owner: -
 --
 
-CREATE TABLE public.operation_events (
-    id bigint NOT NULL,
+CREATE TABLE public.operation_timeline (
     operation_id bigint NOT NULL,
+    id bigint NOT NULL,
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    from_status text,
-    to_status text NOT NULL,
-    actor text NOT NULL,
-    owner_token uuid,
-    detail text DEFAULT ''::text NOT NULL,
-    statement text DEFAULT ''::text NOT NULL,
-    branch text,
-    step text
+    line_ids bigint[] NOT NULL,
+    from_status text[] NOT NULL,
+    to_status text[] NOT NULL,
+    actor text[] NOT NULL,
+    owner_token uuid[] NOT NULL,
+    detail text[] NOT NULL,
+    statement text[] NOT NULL,
+    branch text[],
+    step text[] NOT NULL,
+    CONSTRAINT operation_timeline_lines_check CHECK (((cardinality(line_ids) > 0) AND (id = line_ids[1]) AND (cardinality(line_ids) = ALL (ARRAY[cardinality(from_status), cardinality(to_status), cardinality(actor), cardinality(owner_token), cardinality(detail), cardinality(statement), cardinality(step), COALESCE(cardinality(branch), cardinality(line_ids))]))))
 );
 
 --
--- Name: operation_events_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+-- Name: operation_events; Type: VIEW; Schema: public; Owner: -
 --
 
-ALTER TABLE public.operation_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME public.operation_events_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
+CREATE VIEW public.operation_events AS
+ SELECT l.id,
+    t.operation_id,
+    t.at,
+    l.from_status,
+    l.to_status,
+    l.actor,
+    l.owner_token,
+    l.detail,
+    l.statement,
+    l.branch,
+    l.step
+   FROM public.operation_timeline t,
+    LATERAL UNNEST(t.line_ids, t.from_status, t.to_status, t.actor, t.owner_token, t.detail, t.statement, t.branch, t.step) l(id, from_status, to_status, actor, owner_token, detail, statement, branch, step);
 
 --
 -- Name: operation_steps; Type: TABLE; Schema: public; Owner: -
@@ -1343,6 +1351,23 @@ END)))),
     CONSTRAINT operation_steps_state_check CHECK ((state = ANY (ARRAY['PENDING'::text, 'SENT'::text, 'DONE'::text, 'FAILED'::text, 'UNKNOWN'::text, 'CANCELLED'::text]))),
     CONSTRAINT operation_steps_truth_check CHECK ((truth = ANY (ARRAY['NOT_STARTED'::text, 'RUNNING'::text, 'COMPLETED'::text, 'REJECTED'::text])))
 );
+
+--
+-- Name: operation_timeline_line_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.operation_timeline_line_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: operation_timeline_line_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.operation_timeline_line_seq OWNED BY public.operation_timeline.id;
 
 --
 -- Name: operations; Type: TABLE; Schema: public; Owner: -
@@ -2198,18 +2223,18 @@ ALTER TABLE ONLY public.operation_calls
     ADD CONSTRAINT operation_calls_pkey PRIMARY KEY (operation_id, id);
 
 --
--- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.operation_events
-    ADD CONSTRAINT operation_events_pkey PRIMARY KEY (operation_id, id);
-
---
 -- Name: operation_steps operation_steps_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.operation_steps
     ADD CONSTRAINT operation_steps_pkey PRIMARY KEY (operation_id, run, name);
+
+--
+-- Name: operation_timeline operation_timeline_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operation_timeline
+    ADD CONSTRAINT operation_timeline_pkey PRIMARY KEY (operation_id, id);
 
 --
 -- Name: operations operations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -2605,10 +2630,10 @@ CREATE INDEX mailbox_event_idx ON public.mailbox USING btree (event_id);
 CREATE INDEX mailbox_user_idx ON public.mailbox USING btree (user_id, id);
 
 --
--- Name: operation_events_branch_idx; Type: INDEX; Schema: public; Owner: -
+-- Name: operation_timeline_branch_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX operation_events_branch_idx ON public.operation_events USING btree (id DESC) WHERE (branch IS NOT NULL);
+CREATE INDEX operation_timeline_branch_idx ON public.operation_timeline USING btree (id DESC) WHERE (branch IS NOT NULL);
 
 --
 -- Name: operations_booking_type_key; Type: INDEX; Schema: public; Owner: -

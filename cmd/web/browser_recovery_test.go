@@ -146,8 +146,11 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 		t.Fatalf("seeded %d operations", len(ids))
 	}
 	for _, id := range ids {
-		s.DB.Pool.Exec(bg, `INSERT INTO operation_events (operation_id, from_status, to_status, actor, detail, branch)
-			VALUES ($1, 'RECOVERING', 'NEEDS_RECONCILIATION', 'recovery on app-2', 'the provider could not be asked; not idempotent', 'reconciliation')`, id)
+		s.DB.Pool.Exec(bg, `INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token,
+			                                    detail, statement, branch, step)
+			SELECT $1, line, ARRAY[line], '{RECOVERING}', '{NEEDS_RECONCILIATION}', '{recovery on app-2}', '{NULL}',
+			       ARRAY['the provider could not be asked; not idempotent'], '{""}', '{reconciliation}', '{NULL}'
+			  FROM nextval('operation_timeline_line_seq') AS line`, id)
 	}
 
 	var notice string

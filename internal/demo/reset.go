@@ -124,7 +124,7 @@ func reset(ctx context.Context, pool *pgxpool.Pool, all []Account, d Dataset, to
 			         outbox, outbox_sequences, event_publishes,
 			         -- the redelivery injector's script: a reset leaves every test double at its default
 			         event_injections,
-			         sessions, audit_entries, reconciliation_decisions, webhook_inbox, operation_calls, operation_steps, operation_events, operations,
+			         sessions, audit_entries, reconciliation_decisions, webhook_inbox, operation_calls, operation_steps, operation_timeline, operations,
 			         idempotency_keys, bookings, slots, policies, users,
 			         -- the labs' results name the users who ran them
 			         labs.runs

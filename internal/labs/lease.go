@@ -49,8 +49,11 @@ func EndLease(ctx context.Context, pool *pgxpool.Pool, id int64, actor string) e
 			return fmt.Errorf("labs: end lease: %w", err)
 		}
 		_, err := tx.Exec(ctx, `
-			INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement)
-			VALUES ($1, $2, $2, $3, $4::uuid, $5, $6)`,
+			INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail,
+			                                statement, step)
+			SELECT $1, line, ARRAY[line], ARRAY[$2::text], ARRAY[$2::text], ARRAY[$3::text], ARRAY[$4::uuid], ARRAY[$5::text], ARRAY[$6::text],
+			       ARRAY[NULL::text]
+			  FROM nextval('operation_timeline_line_seq') AS line -- one line: the timeline's own id for it`,
 			id, status, actor, owner,
 			"lease ended now (demo control): from here its owner counts as silent, and recovery may claim the operation",
 			sqlEndLease)

@@ -117,7 +117,7 @@ WITH doomed AS (
 ), audit AS (
     DELETE FROM audit_entries a USING doomed WHERE a.operation_id = doomed.id
 ), timeline AS (
-    DELETE FROM operation_events e USING doomed WHERE e.operation_id = doomed.id
+    DELETE FROM operation_timeline t USING doomed WHERE t.operation_id = doomed.id
 ), calls AS (
     DELETE FROM operation_calls c USING doomed WHERE c.operation_id = doomed.id
 ), steps AS (

@@ -22,7 +22,9 @@ func TestJanitorPurgesFinishedOperationsOnly(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `
 		UPDATE operations SET finished_at = timestamptz '2026-01-01' WHERE id <= 20 AND finished_at IS NOT NULL;
 		UPDATE operations SET finished_at = timestamptz '2026-01-20' WHERE id > 20 AND finished_at IS NOT NULL;
-		INSERT INTO operation_events (operation_id, to_status, actor) SELECT id, status, 'test' FROM operations;
+		INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail, statement, step)
+		SELECT id, line, ARRAY[line], '{NULL}', ARRAY[status], '{test}', '{NULL}', '{""}', '{""}', '{NULL}'
+		  FROM (SELECT id, status, nextval('operation_timeline_line_seq') AS line FROM operations) o;
 		INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, attempt, deadline_at, request)
 		SELECT id, id || ':provider_cancel', 'call', 'provider', 'test', 1, now(), '{}' FROM operations;
 		INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, outcome)

@@ -654,13 +654,32 @@ func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, sql stri
 	return nil
 }
 
+// sqlInsertEvents writes the lines noted in one transaction: a row per
+// operation (operation_timeline), its lines in the order they happened,
+// each with an id of its own — one row, not one per line, so one heap
+// record and one index entry per commit in the WAL. The view
+// operation_events reads them back a line a row.
 const sqlInsertEvents = `
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
-SELECT operation_id, nullif(from_status, ''), to_status, actor, owner_token::uuid, detail, statement,
-       nullif(branch, ''), nullif(step, '')
-  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-       WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step, n)
- ORDER BY n -- in the order they happened: the timeline reads by id`
+WITH line AS (
+    SELECT e.*, nextval('operation_timeline_line_seq') AS line_id -- in the order noted
+      FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+           WITH ORDINALITY AS e(operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step, n)
+)
+INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail,
+                                statement, branch, step)
+SELECT operation_id,
+       (array_agg(line_id ORDER BY n))[1],
+       array_agg(line_id ORDER BY n),
+       array_agg(nullif(from_status, '') ORDER BY n),
+       array_agg(to_status ORDER BY n),
+       array_agg(actor ORDER BY n),
+       array_agg(owner_token::uuid ORDER BY n),
+       array_agg(detail ORDER BY n),
+       array_agg(statement ORDER BY n),
+       CASE WHEN bool_or(branch <> '') THEN array_agg(nullif(branch, '') ORDER BY n) END, -- NULL: no recovery line
+       array_agg(nullif(step, '') ORDER BY n)
+  FROM line
+ GROUP BY operation_id`
 
 // flush writes, in tx, the timeline lines and status queries noted since
 // the transaction began. Every transaction a runner opens ends with it.
@@ -675,8 +694,9 @@ func (r *runner) flush(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// insertEvents writes timeline lines in one statement, in their order.
-func insertEvents(ctx context.Context, tx pgx.Tx, evs []event) error {
+// insertEvents writes timeline lines in one statement, in their order, in
+// db's transaction — so the timeline never shows what rolled back.
+func insertEvents(ctx context.Context, db database.DBTX, evs []event) error {
 	n := len(evs)
 	if n == 0 {
 		return nil
@@ -687,7 +707,7 @@ func insertEvents(ctx context.Context, tx pgx.Tx, evs []event) error {
 		ids[i], from[i], to[i], actors[i], tokens[i] = ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken
 		details[i], names[i], branches[i], steps[i] = ev.detail, ev.statement, ev.branch, ev.step
 	}
-	if _, err := tx.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, names, branches, steps); err != nil {
+	if _, err := db.Exec(ctx, sqlInsertEvents, ids, from, to, actors, tokens, details, names, branches, steps); err != nil {
 		return fmt.Errorf("workflow: record events: %w", err)
 	}
 	return nil
@@ -704,17 +724,9 @@ func (r *runner) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
 	})
 }
 
-// recordEvent appends ev in db's transaction, so the timeline never shows
-// what rolled back.
+// recordEvent appends ev alone in db's transaction.
 func recordEvent(ctx context.Context, db database.DBTX, ev event) error {
-	_, err := db.Exec(ctx, `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
-		VALUES ($1, nullif($2, ''), $3, $4, $5::uuid, $6, $7, nullif($8, ''), nullif($9, ''))`,
-		ev.op.ID, ev.from, ev.op.Status, ev.actor, ev.op.OwnerToken, ev.detail, ev.statement, ev.branch, ev.step)
-	if err != nil {
-		return fmt.Errorf("workflow: record event: %w", err)
-	}
-	return nil
+	return insertEvents(ctx, db, []event{ev})
 }
 
 // The branches the runner itself writes under, beside recovery's decision
@@ -732,13 +744,15 @@ func (r *runner) fenced(ctx context.Context, err error) error {
 		return err
 	}
 	r.e.metrics.fenced.WithLabelValues(r.def.Type).Inc()
-	_, logErr := r.e.pool.Exec(context.WithoutCancel(ctx), `
-		INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, branch)
-		SELECT id, status, status, $2, $3::uuid, $4, $5
-		  FROM operations
-		 WHERE id = $1`, r.op.ID, r.actor, r.token,
-		"a late write was refused: this owner token no longer owns the operation, so nothing it meant to write was written",
-		BranchFenced)
+	// The line says who was refused, at the status the operation has now.
+	ctx = context.WithoutCancel(ctx)
+	op := r.op
+	op.OwnerToken = &r.token
+	logErr := r.e.pool.QueryRow(ctx, `SELECT status FROM operations WHERE id = $1`, op.ID).Scan(&op.Status)
+	if logErr == nil {
+		logErr = recordEvent(ctx, r.e.pool, event{op: op, from: op.Status, actor: r.actor, branch: BranchFenced,
+			detail: "a late write was refused: this owner token no longer owns the operation, so nothing it meant to write was written"})
+	}
 	if logErr != nil {
 		r.e.cfg.Logger.Warn("workflow: could not record a fenced write", "operation", r.op.ID, "err", logErr)
 	}

@@ -152,15 +152,23 @@ type RecoveryEvent struct {
 	PolicyID int64
 }
 
-// RecentRecoveryEvents returns the newest events that carry a branch.
+// RecentRecoveryEvents returns the newest events that carry a branch: the
+// lines of the newest commits that wrote one (operation_timeline_branch_idx;
+// each such commit has at least one, so limit commits hold limit lines).
 func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]RecoveryEvent, error) {
 	rows, err := db.Query(ctx, `
-		SELECT ev.id, ev.operation_id, ev.at, ev.from_status, ev.to_status, ev.actor, ev.owner_token::text,
+		SELECT ev.id, t.operation_id, t.at, ev.from_status, ev.to_status, ev.actor, ev.owner_token::text,
 		       ev.detail, ev.statement, ev.branch, ev.step, o.operation_type, coalesce(o.policy_id, 0)
-		  FROM operation_events ev
-		  JOIN operations o ON o.id = ev.operation_id
+		  FROM (SELECT *
+		          FROM operation_timeline
+		         WHERE branch IS NOT NULL
+		         ORDER BY id DESC
+		         LIMIT $1) t
+		  JOIN operations o ON o.id = t.operation_id,
+		       unnest(t.line_ids, t.from_status, t.to_status, t.actor, t.owner_token, t.detail, t.statement, t.branch, t.step)
+		           AS ev(id, from_status, to_status, actor, owner_token, detail, statement, branch, step)
 		 WHERE ev.branch IS NOT NULL
-		 ORDER BY ev.id DESC
+		 ORDER BY t.id DESC, ev.id DESC
 		 LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: recent recovery events: %w", err)
