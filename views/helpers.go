@@ -185,7 +185,7 @@ func labTry(l LabInfo) string {
 func labWhat(l LabInfo) string {
 	for _, c := range l.Columns {
 		if c.Bad {
-			return "the mistake and its correction, run one after the other on the same data: the table counts what each did, the timelines below say why."
+			return "the broken variants and the correct ones, run one after the other on the same data: the table counts what each did, the timelines below say why."
 		}
 	}
 	return "three faults that look the same to the app, run side by side: the table counts the first calls and their timeouts, the operations below show how recovery told them apart."

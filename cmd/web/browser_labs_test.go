@@ -48,13 +48,15 @@ func browseLabs(t *testing.T, names []string) {
 func runLabInBrowser(t *testing.T, ctx context.Context, s *testServer, name string) {
 	t.Helper()
 	var broken, correct, rows int
-	var lesson string
+	var lesson, listed, summary string
 	err := chromedp.Run(ctx,
 		chromedp.EmulateViewport(1280, 900),
 		chromedp.Navigate(s.URL+"/labs"),
+		chromedp.Text(`[data-lab="`+name+`"] [data-testid="lab-summary"]`, &listed, chromedp.ByQuery),
 		chromedp.Click(`[data-lab="`+name+`"] a`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="lab-run"]`, chromedp.ByQuery),
 		chromedp.Text(`[data-testid="lab-lesson"]`, &lesson, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="lab-summary"]`, &summary, chromedp.ByQuery),
 		chromedp.Click(`[data-testid="lab-run"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="lab-result"]`, chromedp.ByQuery),
 		chromedp.Evaluate(`document.querySelectorAll('[data-testid=lab-table] tbody tr').length`, &rows),
@@ -63,6 +65,9 @@ func runLabInBrowser(t *testing.T, ctx context.Context, s *testServer, name stri
 	)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
+	}
+	if listed == "" || listed != summary { // issue 29's second read, finding 12
+		t.Errorf("%s: the labs' index says %q, the lab's page %q", name, listed, summary)
 	}
 	if lesson == "" || rows < 2 || broken == 0 || correct == 0 {
 		t.Errorf("%s: %d variants, %d broke, %d held", name, rows, broken, correct)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -185,4 +186,24 @@ func TestTimeoutLabUntilRecoveryFinishesEach(t *testing.T) {
 		}
 	}
 	s.assertInvariants(t)
+}
+
+// The labs' index says of each lab what the lab's own page opens with
+// (issue 29's second read, finding 12: lab 11's line on /labs was the first
+// sentence of its lesson, "A refund follows once the provider's step is
+// settled.", not what its page is about): one summary, shown in both places.
+func TestLabsIndexSaysWhatEachLabPageSays(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	client := s.browserClient()
+	s.signIn(t, client, "alice")
+	index := string(doWith(t, client, s.URL, request{Method: "GET", Path: "/labs"}).Body)
+	for _, l := range labs.All() {
+		item := regexp.MustCompile(`(?s)<li data-lab="` + l.Name + `">.*?data-testid="lab-summary">([^<]+)</small>`).FindStringSubmatch(index)
+		page := string(doWith(t, client, s.URL, request{Method: "GET", Path: "/labs/" + l.Name}).Body)
+		own := regexp.MustCompile(`data-testid="lab-summary">([^<]+)</p>`).FindStringSubmatch(page)
+		if item == nil || own == nil || item[1] != own[1] || strings.TrimSpace(own[1]) == "" {
+			t.Errorf("lab %d (%s): the index says %q, its page %q", l.Number, l.Name, item, own)
+		}
+	}
 }

@@ -20,6 +20,8 @@ var beliefLab = &Lab{
 	Number: 8,
 	Name:   "belief",
 	Title:  "A wrong belief about idempotency",
+	Summary: "A system wrongly believed idempotent is sent the same call again and applies it twice; believed as " +
+		"it is, recovery hands the operation to a person instead.",
 	Lesson: "The lab's system is NOT idempotent: a repeated key is applied again. Its first call's answer is lost " +
 		"(the call is applied; the caller times out), and its status queries fail, so the outcome cannot be " +
 		"learned. Recovery then decides by what the app believes about the system — the external_systems row, as " +

@@ -17,6 +17,8 @@ var callbacksLab = &Lab{
 	Number: 11,
 	Name:   "webhooks",
 	Title:  "Webhook handlers: inbox, fence, monotonic state",
+	Summary: "Three webhook handlers, each leaving out one gate — the inbox, the fence, monotonic state — beside " +
+		"the app's handler, which keeps all three.",
 	Lesson: "A refund follows once the provider's step is settled. Recovery asks the provider, hears COMPLETED and " +
 		"settles the step (one refund). Then the provider's callback arrives — COMPLETED, event e1 — and again (the " +
 		"sender's first push lost its answer, so it pushes e1 once more), and last a RUNNING, e0, that was sent " +

@@ -20,6 +20,8 @@ var claimLab = &Lab{
 	Number: 3,
 	Name:   "claim",
 	Title:  "Check-then-insert vs INSERT … ON CONFLICT DO NOTHING",
+	Summary: "Three copies of one request at once: check-then-insert runs the work three times, INSERT … ON " +
+		"CONFLICT DO NOTHING once.",
 	Lesson: "Three copies of one request (a retry storm, a double-click) arrive at once. The naive claim looks for the " +
 		"key first and inserts it when it is missing — on a table with no unique constraint, as such code usually " +
 		"has. The lab lets all three look before any inserts: each sees no key, each inserts one, and the work runs " +

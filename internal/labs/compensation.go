@@ -27,6 +27,8 @@ var compensationLab = &Lab{
 	Number: 7,
 	Name:   "compensation",
 	Title:  "Compensate on timeout vs ask first",
+	Summary: "Two deposit charges that time out, under three strategies: compensate after the timeout, compensate " +
+		"before, and ask the payments service first.",
 	Lesson: "Two deposit bookings each hold a slot and charge a deposit, and both charges time out: the first was " +
 		"taken and its answer lost (lost_response), the second never got in (drop). Three strategies meet the same " +
 		"schedule. Compensate after: treat the timeout as a failure and release the slot — the first booking's " +

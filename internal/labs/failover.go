@@ -34,6 +34,9 @@ var failoverLab = &Lab{
 	Needs:  "Debian's PostgreSQL server binaries (" + strings.Join(pgcluster.StandbyBinaries, ", ") + ")",
 	Name:   "failover",
 	Title:  "The failover window",
+	Summary: "Keys, operations and answers committed on a primary that dies: with asynchronous replication the " +
+		"standby never had the last of them and their retries run again; with a synchronous standby nothing " +
+		"acknowledged is lost.",
 	Lesson: "Every cancellation's key, operation and stored answer commit together on the primary; when it dies a " +
 		"streaming standby takes over. The lab starts a private PostgreSQL primary with a standby and sends five " +
 		"keyed cancellations: three while the standby keeps up; then the standby is cut off (a lagging standby, a " +

@@ -21,6 +21,8 @@ var fencingLab = &Lab{
 	Number: 2,
 	Name:   "fencing",
 	Title:  "Fencing off and on",
+	Summary: "A request that stalls past its lease writes after its retry has finished: without the owner " +
+		"condition its late write counts, with it the write changes nothing.",
 	Lesson: "Request A claims a key and stalls (a garbage-collection pause, a slow provider) past its lease. " +
 		"Its retry B takes the key over, does the work and stores its answer. Then A wakes up and, still believing it " +
 		"owns the key, does the work too and stores its own answer. Without the owner condition on that write, A's " +

@@ -22,6 +22,8 @@ var inboxLab = &Lab{
 	Number: 4,
 	Name:   "inbox",
 	Title:  "Dedupe before handling vs dedupe with the effect",
+	Summary: "A consumer that marks a message seen before applying it loses the message when the apply fails; one " +
+		"that marks and applies in one transaction does not.",
 	Lesson: "A consumer receives three messages, and the first arrives twice (at-least-once delivery does that). " +
 		"Handling the second fails once — the mail server it writes to is down for a moment — so the transport " +
 		"delivers it again. The broken consumer marks each message seen in its inbox and commits, then applies the " +

@@ -14,6 +14,10 @@ type Lab struct {
 	Number int    `json:"number"` // its place in the list (docs/labs.md)
 	Name   string `json:"name"`   // in URLs: /labs/{name}, /api/v1/labs/{name}/runs
 	Title  string `json:"title"`
+	// Summary is the lab in one sentence — the mistake and what corrects
+	// it — as the labs' index lists it and the lab's page opens with it: one
+	// text, so the two never say different things.
+	Summary string `json:"summary"`
 	// Lesson is the one paragraph the page opens with: what goes wrong, and
 	// what prevents it.
 	Lesson string `json:"lesson"`

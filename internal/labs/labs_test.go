@@ -376,3 +376,14 @@ func TestFailoverLabSaysWhatIsMissing(t *testing.T) {
 		t.Fatalf("a run without the binaries: %v, want ErrUnavailable naming them", err)
 	}
 }
+
+// Every lab says in one sentence what it is about (Lab.Summary): the labs'
+// index lists it and the lab's page opens with it, so the two agree (issue
+// 29's second read, finding 12) — a lab without one would list nothing.
+func TestEveryLabHasASummary(t *testing.T) {
+	for _, lab := range labs.All() {
+		if s := strings.TrimSpace(lab.Summary); s == "" || !strings.HasSuffix(s, ".") || len(s) > 300 {
+			t.Errorf("lab %d (%s): summary %q", lab.Number, lab.Name, lab.Summary)
+		}
+	}
+}

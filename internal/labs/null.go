@@ -18,6 +18,8 @@ var nullLab = &Lab{
 	Number: 6,
 	Name:   "null-unique",
 	Title:  "A unique index that allows NULL vs the partial unique index",
+	Summary: "A unique index over a column that may be NULL lets duplicate bookings through; a partial unique " +
+		"index on the status refuses them.",
 	Lesson: "Bookings mark a confirmed booking with live = TRUE (NULL otherwise, so that cancelled bookings do not " +
 		"collide), and UNIQUE (slot_id, live) is meant to allow one confirmed booking per slot. The booking form sets " +
 		"live; a bulk import written later confirms bookings and leaves live NULL. Two imported confirmations of an " +

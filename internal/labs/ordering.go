@@ -25,6 +25,8 @@ var orderingLab = &Lab{
 	Number: 12,
 	Name:   "ordering",
 	Title:  "Per-key order: last arrival wins vs a version per aggregate",
+	Summary: "One booking's events arriving out of order: a projection that applies whatever arrives last, and one " +
+		"that keeps a version per booking.",
 	Lesson: "One booking's three events — held (1), confirmed (2), released (3) — are committed in that order, each " +
 		"with its place in the booking's history. The reorder injector (out_of_order) sends the confirmation back " +
 		"unhandled for a moment, so the release overtakes it, as a redelivery, a second relay or a second instance " +

@@ -28,6 +28,9 @@ var redisLab = &Lab{
 	Needs:  "Redis (REDIS_URL); its restart part also starts a private redis-server",
 	Name:   "redis",
 	Title:  "Redis or PostgreSQL for idempotency state",
+	Summary: "Request keys kept in Redis, written apart from the change they guard: a crash between the two, or " +
+		"a Redis restart under a claim, runs the work twice. Kept in PostgreSQL, committed with the change, the " +
+		"key replays the answer.",
 	Lesson: "A cancellation claims its request key, records the intent, cancels at the provider and commits the " +
 		"outcome. With the key in Redis (SET NX PX to claim, the answer written after the PostgreSQL commit), a crash " +
 		"between that commit and the Redis write leaves a claim that simply expires: the retry finds no key and runs " +

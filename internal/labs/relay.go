@@ -17,6 +17,8 @@ var relayLab = &Lab{
 	Number: 5,
 	Name:   "relay",
 	Title:  "Outbox relay by offset vs by claim",
+	Summary: "A relay that reads by offset skips an event that commits late; a relay that claims the PENDING rows " +
+		"sends it.",
 	Lesson: "Two transactions each write an event to the outbox. The first takes sequence number n but is slow to " +
 		"commit; the second takes n+1 and commits at once. A relay pass runs in between, then the first commits, " +
 		"then the relay passes again. The relay that reads seq > last_sent sees n+1 in its first pass, moves its " +

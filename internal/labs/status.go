@@ -25,6 +25,8 @@ var statusLab = &Lab{
 	Number: 9,
 	Name:   "status",
 	Title:  "A status answer is not proof",
+	Summary: "A NOT_STARTED read while the first call is still in the network is not proof: a retry without a " +
+		"deadline is applied twice, one with Request-Deadline once.",
 	Lesson: "The first call is held in the network (a netfault proxy between the app and the system) for 1.5 s, " +
 		"well past the caller's 300 ms timeout. The caller asks for the key's status: NOT_STARTED — true, the call " +
 		"has not arrived. The broken caller, whose calls carry no deadline, takes that as proof and retries at " +

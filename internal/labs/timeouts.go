@@ -26,6 +26,8 @@ var timeoutsLab = &Lab{
 	Number: 10,
 	Name:   "timeouts",
 	Title:  "The timeout lab, for real",
+	Summary: "Three faults that look the same to the app — drop, lost_response, slow — on three real " +
+		"cancellations, and how recovery tells them apart, live.",
 	Lesson: "One click cancels three policies, and the provider meets each first call with a different fault: drop " +
 		"(the call never gets in), lost_response (it is applied, the answer never comes back) and slow (it is " +
 		"accepted and completes later than the app waits). To the app all three are the same timeout: each " +

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -21,8 +20,7 @@ import (
 func (app *App) handleLabsPage(c echo.Context) error {
 	var list []views.LabSummary
 	for _, l := range labs.All() {
-		summary, _, _ := strings.Cut(l.Lesson, ". ")
-		list = append(list, views.LabSummary{Number: l.Number, Name: l.Name, Title: l.Title, Lesson: summary + ".", URL: "/labs/" + l.Name, Needs: l.Needs})
+		list = append(list, views.LabSummary{Number: l.Number, Name: l.Name, Title: l.Title, Summary: l.Summary, URL: "/labs/" + l.Name, Needs: l.Needs})
 	}
 	return render(c, http.StatusOK, views.LabsPage(app.page(c, "Labs", "labs"), list))
 }
@@ -359,7 +357,7 @@ func (app *App) renderLabPage(c echo.Context, run *labs.Run) error {
 
 // labInfo is what the page shows of a lab.
 func labInfo(lab labs.Lab) views.LabInfo {
-	info := views.LabInfo{Number: lab.Number, Name: lab.Name, Title: lab.Title, Lesson: lab.Lesson, RunHint: lab.RunHint, Try: lab.Try}
+	info := views.LabInfo{Number: lab.Number, Name: lab.Name, Title: lab.Title, Summary: lab.Summary, Lesson: lab.Lesson, RunHint: lab.RunHint, Try: lab.Try}
 	for _, col := range lab.Columns {
 		info.Columns = append(info.Columns, views.LabColumn{Label: col.Label, Bad: col.Bad})
 	}
