@@ -99,6 +99,48 @@ func TestRedisLabLosesTheAnswerAndPostgresDoesNot(t *testing.T) {
 	}
 }
 
+// The Redis lab says whose client heard the wrong answer, and what it should
+// have heard (issue 29's second read, finding 6: the line was "client: was
+// answered …, not what its request did", for a crashed request's retry and
+// for a duplicate alike). Every variant that lost an answer names the
+// request that heard it — the retry, or B — both answers and the operation
+// the first request started; the verdict names who heard it.
+func TestRedisLabSaysWhoHeardWhat(t *testing.T) {
+	t.Parallel()
+	l, _, user := setup(t)
+	v := run(t, l, user, "redis")
+	heard := regexp.MustCompile(`^its client was answered "([^"]+)" — but (the request that crashed|A), whose key it repeats, ` +
+		`had cancelled the policy as operation (\d+): the client should have heard "200 cancelled by operation (\d+)"$`)
+	for name, who := range map[string]string{"redis": "retry", "redis-unique": "retry", "redis-restart": "B"} {
+		var lines int
+		for _, e := range v[name].Timeline {
+			if e.Actor == "client" {
+				t.Errorf("%s: a line by an unnamed client: %s", name, e.What)
+			}
+			m := heard.FindStringSubmatch(e.What)
+			if !e.Bad || m == nil {
+				continue
+			}
+			lines++
+			if e.Actor != who || m[3] != m[4] || strings.Contains(m[1], "operation "+m[3]) {
+				t.Errorf("%s: %s %s", name, e.Actor, e.What)
+			}
+		}
+		if lines != 1 {
+			t.Errorf("%s: %d lines say who heard the wrong answer, want 1:\n%s", name, lines, timelineText(v[name]))
+		}
+		if whose := map[string]string{"retry": "the client's retry of the request that crashed heard", "B": "B, A's duplicate under the same key, heard"}[who]; !strings.Contains(v[name].Verdict, whose) {
+			t.Errorf("%s: verdict %q does not say %q", name, v[name].Verdict, whose)
+		}
+	}
+	for _, e := range v["redis-restart"].Timeline {
+		if e.Actor == "A" && strings.HasPrefix(e.What, "its client was answered \"200 cancelled by operation ") {
+			return
+		}
+	}
+	t.Errorf("redis-restart does not say what A's client heard:\n%s", timelineText(v["redis-restart"]))
+}
+
 func TestFencingLab(t *testing.T) {
 	t.Parallel()
 	l, _, user := setup(t)

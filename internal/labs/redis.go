@@ -43,7 +43,7 @@ var redisLab = &Lab{
 	Columns: []Column{
 		colExecutions, colEffects, colDuplicates,
 		{Key: "refused", Label: "stopped by UNIQUE(policy_id, operation_type)"},
-		{Key: "lost", Label: "retries not told their answer", Bad: true},
+		{Key: "lost", Label: "repeats not told their request's answer", Bad: true},
 	},
 	Code: []CodeRef{
 		{Path: "internal/labs/redis.go", Text: "// tx 2: the outcome — the business commit — and, in PostgreSQL, the answer.",
@@ -159,7 +159,8 @@ func (e *env) crashAndRetry(ctx context.Context, sys *fakeSystem, variant string
 	if err != nil {
 		return v, err
 	}
-	return c.tally(ctx, v, answer)
+	return c.tally(ctx, v, hearing{who: "retry", whose: "the client's retry of the request that crashed",
+		repeats: "the request that crashed", answer: answer})
 }
 
 // restartUnderClaim: request A claims its key in a private Redis, records
@@ -247,7 +248,8 @@ func (e *env) duplicateUnderClaim(ctx context.Context, sys *fakeSystem, variant 
 			return v, err
 		}
 	}
-	return c.tally(ctx, v, b)
+	t.say("A", "its client was answered %q", a.answer)
+	return c.tally(ctx, v, hearing{who: "B", whose: "B, A's duplicate under the same key,", repeats: "A", answer: b})
 }
 
 // keyStore is where a request's key, its claim and its answer live.
@@ -508,9 +510,20 @@ func (c *cancellation) retryUntilAnswered(ctx context.Context, actor string) (st
 	return answer, err
 }
 
+// hearing is the answer one client got for a request key another request
+// used first: who heard it (the timeline's actor), in words, and the request
+// whose answer it should have been.
+type hearing struct {
+	who     string // "retry", "B"
+	whose   string // "the client's retry of the request that crashed"
+	repeats string // "the request that crashed", "A"
+	answer  string
+}
+
 // tally counts what the variant did: operations started, provider effects,
-// refusals, and whether the last answer is the first one's.
-func (c *cancellation) tally(ctx context.Context, v Variant, lastAnswer string) (Variant, error) {
+// refusals, and whether h heard the first request's answer.
+func (c *cancellation) tally(ctx context.Context, v Variant, h hearing) (Variant, error) {
+	lastAnswer := h.answer
 	var ops, refusedOps int
 	err := c.e.lab.QueryRow(ctx, `
 		SELECT count(*)
@@ -540,14 +553,15 @@ func (c *cancellation) tally(ctx context.Context, v Variant, lastAnswer string) 
 		   AND variant = $2`, c.e.run, c.variant).Scan(&firstOp); err != nil {
 		return v, err
 	}
-	if lastAnswer != fmt.Sprintf("200 cancelled by operation %d", firstOp) {
+	if first := fmt.Sprintf("200 cancelled by operation %d", firstOp); lastAnswer != first {
 		v.Counts["lost"] = 1
-		c.t.wrong("client", "was answered %q, not what its request did", lastAnswer)
+		c.t.wrong(h.who, "its client was answered %q — but %s, whose key it repeats, had cancelled the policy as "+
+			"operation %d: the client should have heard %q", lastAnswer, h.repeats, firstOp, first)
 	}
 	if v.Counts["duplicates"] > 0 {
 		c.t.wrong("provider", "cancelled the policy %d times", effects)
 	}
-	v.Verdict = fmt.Sprintf("%s; the retry heard %q", plural(effects, "provider effect"), lastAnswer)
+	v.Verdict = fmt.Sprintf("%s; %s heard %q", plural(effects, "provider effect"), h.whose, lastAnswer)
 	v.Timeline = c.t.list()
 	return v, nil
 }
