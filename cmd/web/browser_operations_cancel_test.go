@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -136,4 +137,73 @@ func TestBrowserAdminRetriesARefusedRefundFromItsPage(t *testing.T) {
 	}
 	shoot(t, b, "retried")
 	s.assertInvariants(t)
+}
+
+// The operation page agrees with itself when it finishes on its own (issue
+// 29's second read, finding 9): an admin watches a live cancellation, with
+// Cancel offered beside its self-refreshing panel; recovery finishes it; the
+// page no longer offers to cancel a SUCCEEDED operation — the refresh that
+// brings the new state loads the whole page again, since the form outside
+// the panel was chosen for the old one. The request key's state says until
+// when its lease runs, so it stays true after the refreshing stops. At 1280
+// and 390 px.
+func TestBrowserOperationPageAgreesWithItselfWhenItFinishes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test")
+	}
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PROVIDER_TIMEOUT": "300ms", "RECOVERY_INTERVAL": "200ms",
+		"RECOVERY_MAX_ATTEMPTS": "100", "RECOVERY_MAX_BACKOFF": "500ms"})
+	b := browsertest.New(t)
+	err := browsertest.Run(b,
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Navigate(s.URL+"/signin"),
+		chromedp.Click(`[data-testid="signin-admin"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="demo-bar"]`, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeDrop })
+	r := s.do(cancelReq(s.policyOf(t, "demo-alice", 0), "demo-alice", "browser-agrees", ""))
+	var live operationJSON
+	r.JSON(t, &live)
+	if r.Status != 202 {
+		t.Fatalf("cancel with the provider dropping: %d %s", r.Status, r.Body)
+	}
+	err = browsertest.Run(b,
+		chromedp.Navigate(fmt.Sprintf("%s/operations/%d", s.URL, live.ID)),
+		chromedp.WaitVisible(`[data-testid="cancel-button"]`, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shoot(t, b, "live")
+	s.setFaults(t, func(f *fake.Fault) {}) // healed: recovery's next try goes through
+
+	// Polled from here, not in the page: the page is loaded again on the
+	// way (a poll inside it would end with the page it ran in).
+	var agrees bool
+	for deadline := time.Now().Add(time.Minute); !agrees && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		err = chromedp.Run(b, chromedp.Evaluate(`(() => {
+			const p = document.querySelector('[data-testid="operation-panel"]');
+			return !!p && p.dataset.status === 'SUCCEEDED' && !document.querySelector('[data-testid="cancel"]');
+		})()`, &agrees))
+	}
+	if !agrees {
+		var status string
+		var forms int
+		browsertest.Run(b,
+			chromedp.AttributeValue(`[data-testid="operation-panel"]`, "data-status", &status, nil, chromedp.ByQuery),
+			chromedp.Evaluate(`document.querySelectorAll('[data-testid="cancel"]').length`, &forms))
+		t.Fatalf("the page shows %s with %d Cancel forms (%v)", status, forms, err)
+	}
+	var key string
+	if err := browsertest.Run(b, chromedp.Text(`[data-testid="identity-Request"]`, &key, chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(key, "completed") {
+		t.Errorf("the request key reads %q", key)
+	}
+	shoot(t, b, "finished")
 }

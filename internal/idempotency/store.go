@@ -111,8 +111,11 @@ type Record struct {
 	Fingerprint  []byte
 	Status       string // StatusInProgress or StatusCompleted
 	LeaseExpired bool   // IN_PROGRESS only: the owner looks dead
-	Response     Response
-	ExpiresAt    time.Time
+	// LeaseExpiresAt is when the owner's lease runs out (IN_PROGRESS): a
+	// retry may take the key over after it.
+	LeaseExpiresAt time.Time
+	Response       Response
+	ExpiresAt      time.Time
 }
 
 // Claim inserts the key IN_PROGRESS with a fresh owner token and lease, on
@@ -295,6 +298,7 @@ func (s *Store) Lookup(ctx context.Context, userID int64, key string) (*Record, 
 		SELECT request_fingerprint,
 		       status,
 		       lease_expires_at < clock.now,
+		       lease_expires_at,
 		       response_status,
 		       response_headers,
 		       response_body,
@@ -304,7 +308,7 @@ func (s *Store) Lookup(ctx context.Context, userID int64, key string) (*Record, 
 		 WHERE user_id = $1
 		   AND idempotency_key = $2`,
 		userID, key, s.clock.Arg(),
-	).Scan(&r.Fingerprint, &r.Status, &r.LeaseExpired, &status, &r.Response.Header, &r.Response.Body, &r.ExpiresAt)
+	).Scan(&r.Fingerprint, &r.Status, &r.LeaseExpired, &r.LeaseExpiresAt, &status, &r.Response.Header, &r.Response.Body, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

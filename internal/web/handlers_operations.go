@@ -175,7 +175,41 @@ func (app *App) handleOperationPanel(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if shown := c.QueryParam("shown"); shown != "" && shown != vm.Shown {
+		// What the page offers around the panel (Cancel, Resume, Retry from,
+		// a booking's cancel) was chosen for another state: htmx loads the
+		// whole page again, so no part of it disagrees with another.
+		c.Response().Header().Set("HX-Refresh", "true")
+	}
 	return render(c, http.StatusOK, views.OperationPanel(vm))
+}
+
+// panelShown names the state of op that decides what its pages offer
+// outside the self-refreshing panel: the status, a cancel requested, and,
+// while it waits for a person, the updated_at a retry form carries (recovery
+// asking again changes it). The panel's refresh compares it with the page's.
+func panelShown(op workflow.Operation) string {
+	s := op.Status
+	if op.CancelRequestedAt != nil {
+		s += "+cancel"
+	}
+	if op.Status == workflow.StatusNeedsReconciliation || op.Status == workflow.StatusFailed {
+		s += "@" + op.UpdatedAt.UTC().Format(time.RFC3339Nano)
+	}
+	return s
+}
+
+// refreshEvery is how often op's panel refreshes itself: each second while it
+// is live, every 5 s while it waits for a person (recovery still asks, and may
+// finish it), never once it is final.
+func refreshEvery(op workflow.Operation) string {
+	switch {
+	case !op.Terminal():
+		return "1s"
+	case op.Status == workflow.StatusNeedsReconciliation:
+		return "5s"
+	}
+	return ""
 }
 
 // operationPanel is the view model both the page and its htmx partial show.
@@ -208,6 +242,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		Admin: admin, Reason: v.Reason, Run: v.Run, Attempts: v.Attempts, MaxAttempts: app.recovery.Settings().Budget().MaxAttempts,
 		Owner: database.Deref(v.OwnerID), LeaseExpires: timeText(v.LeaseExpiresAt), NextAttempt: timeText(v.NextAttemptAt),
 		Released: releasedText(database.Deref(v.Released)), Finished: timeText(v.FinishedAt),
+		RefreshEvery: refreshEvery(v.Operation), Shown: panelShown(v.Operation),
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
 	vm.RunAgain = runAgain(v.Type)
@@ -391,10 +426,11 @@ func (app *App) identities(ctx context.Context, v operationView, subject string)
 		req.State = "cannot be read right now"
 	case rec.Status == idempotency.StatusCompleted:
 		req.State = fmt.Sprintf("claimed, then completed: answer %d stored, replayed to every retry", rec.Response.Status)
-	case rec.LeaseExpired:
-		req.State = "claimed, its lease over: a retry with this key may take over"
+		if rec.Response.Status == http.StatusAccepted { // true for good, while the operation moves on
+			req.State += " — the answer the request gave when it handed the operation to recovery; what happened since is on this page"
+		}
 	default:
-		req.State = "claimed and leased: a retry with this key waits or is told it is in progress"
+		req.State = keyLeaseState(rec)
 	}
 	req.Code, req.CodeHref = codeKeyClaim.where()
 	biz := views.Identity{Name: "Business", Value: subject + " · " + v.Type,
@@ -418,6 +454,18 @@ func (app *App) identities(ctx context.Context, v operationView, subject string)
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// keyLeaseState says what a request key still in progress means, true
+// whenever it is read (the panel stops refreshing once the operation is
+// final, and a crashed request's key outlives it): its lease's end, and what
+// a retry with the key meets before and after it.
+func keyLeaseState(rec *idempotency.Record) string {
+	until := rec.LeaseExpiresAt.UTC().Format("15:04:05 MST")
+	if rec.LeaseExpired {
+		return "claimed by a request that never answered; its lease ran out at " + until + ": a retry with this key takes it over"
+	}
+	return "claimed by a request, leased until " + until + ": until then a retry with this key waits or is told it is in progress, after it the retry takes the key over"
 }
 
 // statementLink is a timeline line's statement ("workflow.sqlStepSent") as

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -55,5 +56,41 @@ func TestABookingsOperationHasOneName(t *testing.T) {
 		if sagaKind(typ) != kindWords(typ) {
 			t.Errorf("%s: its page says %q, the list %q", typ, sagaKind(typ), kindWords(typ))
 		}
+	}
+}
+
+// A request key still in progress says until when its lease runs (issue
+// 29's second read, finding 9): the operation page stops refreshing once
+// the operation is final, and a crashed request's key outlives it, so
+// "claimed and leased" with no time went stale under the reader's eyes.
+func TestKeyStateSaysUntilWhen(t *testing.T) {
+	at := time.Date(2026, 12, 4, 21, 40, 12, 0, time.UTC)
+	for expired, want := range map[bool]string{false: "leased until 21:40:12 UTC", true: "its lease ran out at 21:40:12 UTC"} {
+		got := keyLeaseState(&idempotency.Record{Status: idempotency.StatusInProgress, LeaseExpired: expired, LeaseExpiresAt: at})
+		if !strings.Contains(got, want) || !strings.Contains(got, "takes") {
+			t.Errorf("expired %t: %q, want %q and what a retry does", expired, got, want)
+		}
+	}
+}
+
+// The panel refreshes while recovery may still change the operation —
+// live, and waiting for a person (recovery asks again, and may finish it)
+// — and its page is loaded again when the state its forms were chosen for
+// changes (panelShown).
+func TestPanelRefreshesWhileTheOperationMayChange(t *testing.T) {
+	for status, every := range map[string]string{workflow.StatusInProgress: "1s", workflow.StatusRecovering: "1s",
+		workflow.StatusNeedsReconciliation: "5s", workflow.StatusSucceeded: "", workflow.StatusFailed: ""} {
+		if got := refreshEvery(workflow.Operation{Status: status}); got != every {
+			t.Errorf("%s refreshes every %q, want %q", status, got, every)
+		}
+	}
+	live := workflow.Operation{Status: workflow.StatusInProgress, UpdatedAt: time.Now()}
+	renewed := live
+	renewed.UpdatedAt = live.UpdatedAt.Add(time.Second) // a lease renewed: the forms still fit
+	cancelled, done := live, live
+	cancelled.CancelRequestedAt = &renewed.UpdatedAt
+	done.Status = workflow.StatusSucceeded
+	if panelShown(live) != panelShown(renewed) || panelShown(live) == panelShown(cancelled) || panelShown(live) == panelShown(done) {
+		t.Errorf("panelShown: %q %q %q %q", panelShown(live), panelShown(renewed), panelShown(cancelled), panelShown(done))
 	}
 }
