@@ -395,6 +395,15 @@ ALTER TABLE fault.late_arrivals ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
 );
 
 --
+-- Name: resets; Type: TABLE; Schema: fault; Owner: -
+--
+
+CREATE TABLE fault.resets (
+    system text NOT NULL,
+    reset_at timestamp with time zone NOT NULL
+);
+
+--
 -- Name: script; Type: TABLE; Schema: fault; Owner: -
 --
 
@@ -1920,6 +1929,13 @@ ALTER TABLE ONLY fake_tasks.tasks
 
 ALTER TABLE ONLY fault.late_arrivals
     ADD CONSTRAINT late_arrivals_pkey PRIMARY KEY (id);
+
+--
+-- Name: resets resets_pkey; Type: CONSTRAINT; Schema: fault; Owner: -
+--
+
+ALTER TABLE ONLY fault.resets
+    ADD CONSTRAINT resets_pkey PRIMARY KEY (system);
 
 --
 -- Name: script script_pkey; Type: CONSTRAINT; Schema: fault; Owner: -

@@ -493,3 +493,59 @@ func TestTheSwitchFlipsTheFakeAndTheBelief(t *testing.T) {
 		}
 	}
 }
+
+// Resetting a fake does not make a correct history look broken (issue 29's
+// second read, finding 22: invariants 4 and 7 turned red after "Reset the
+// provider" and "Reset payments", for cancellations that were right). The
+// steps sent before a reset are counted as forgotten, not reported; a step
+// sent after it is checked as before — broken behind the app's back, it is
+// still caught.
+func TestAFakesResetLeavesACorrectHistoryGreen(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off"})
+	before := s.policyOf(t, "demo-alice", 0)
+	if r := s.do(cancelReq(before, "demo-alice", "before-reset", "")); r.Status != http.StatusOK {
+		t.Fatalf("cancel: %d %s", r.Status, r.Body)
+	}
+	s.assertInvariants(t)
+	for _, system := range []string{"provider", "payments"} {
+		if r := s.do(request{Method: "POST", Path: "/api/v1/" + system + "/reset", Token: "demo-admin"}); r.Status != http.StatusNoContent {
+			t.Fatalf("%s reset: %d %s", system, r.Status, r.Body)
+		}
+	}
+	var report struct {
+		OK         bool
+		Violations []struct {
+			Invariant int
+			Detail    string
+		}
+		Counts struct {
+			ForgottenByReset int64 `json:"forgotten_by_reset"`
+		}
+	}
+	s.do(request{Method: "GET", Path: "/api/v1/invariants", Token: "demo-admin"}).JSON(t, &report)
+	if !report.OK || report.Counts.ForgottenByReset != 2 {
+		t.Fatalf("after the resets: ok %t, violations %+v, %d steps forgotten (want provider_cancel and refund: 2)",
+			report.OK, report.Violations, report.Counts.ForgottenByReset)
+	}
+
+	after := s.policyOf(t, "demo-alice", 1)
+	var op operationJSON
+	r := s.do(cancelReq(after, "demo-alice", "after-reset", ""))
+	r.JSON(t, &op)
+	if r.Status != http.StatusOK {
+		t.Fatalf("cancel after the resets: %d %s", r.Status, r.Body)
+	}
+	s.assertInvariants(t)
+	// The provider forgets the new cancellation behind the app's back: that
+	// step was sent after the reset, and is still checked.
+	if _, err := s.DB.Pool.Exec(context.Background(), `
+		DELETE FROM fake_provider.requests
+		 WHERE idempotency_key = (SELECT step_key FROM operation_steps WHERE operation_id = $1 AND name = 'provider_cancel')`, op.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.do(request{Method: "GET", Path: "/api/v1/invariants", Token: "demo-admin"}).JSON(t, &report)
+	if report.OK || len(report.Violations) != 1 || report.Violations[0].Invariant != 4 {
+		t.Errorf("a step sent after the reset, its record gone: %+v", report.Violations)
+	}
+}

@@ -308,6 +308,12 @@ func (s *Store) Reset(ctx context.Context, tx pgx.Tx) error {
 	batch.Queue(`DELETE FROM fault.settings WHERE system = $1 AND subject IS NOT NULL`, s.system)
 	batch.Queue(`DELETE FROM fault.late_arrivals WHERE system = $1`, s.system)
 	batch.Queue(`DELETE FROM fault.webhook_settings WHERE system = $1`, s.system)
+	// The moment its records were forgotten: steps the app sent before it
+	// can no longer be checked against them (the invariants read it).
+	batch.Queue(`
+		INSERT INTO fault.resets (system, reset_at)
+		VALUES ($1, clock_timestamp())
+		    ON CONFLICT (system) DO UPDATE SET reset_at = excluded.reset_at`, s.system)
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("fault: %s reset: %w", s.system, err)
 	}
