@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemlab/idemlab/internal/browsertest"
+	"github.com/idemlab/idemlab/internal/events"
+	tasksfake "github.com/idemlab/idemlab/internal/tasks/fake"
+	"github.com/idemlab/idemlab/internal/testdb"
 )
 
 // oldEvent writes an event into the outbox as if committed an hour ago,
@@ -182,5 +187,58 @@ func TestNoWorkersHereIsNamedNotCalledBroken(t *testing.T) {
 	assertCauseInWords(t, body)
 	if strings.Contains(body, `data-testid="invariant-banner"`) {
 		t.Errorf("events waiting for another process are called a broken invariant:\n%s", body)
+	}
+}
+
+// Kafka's and the task queue's brokers going away after the relay was set
+// up are named like NATS's (issue 29's second read: they counted as away
+// only while their setup failed). The app relays to a broker or queue of
+// the test's own; it stops; the amber banner names it and the cause, and
+// the waiting events are not red.
+func TestBrokerAwayLaterIsNamedOnKafkaAndTasks(t *testing.T) {
+	t.Parallel()
+	t.Run("kafka", func(t *testing.T) {
+		t.Parallel()
+		broker, err := events.StartKafkaBroker(events.KafkaBrokerConfig{Addr: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer broker.Close()
+		s := startServer(t, map[string]string{"EVENTS_TRANSPORT": "kafka", "KAFKA_BROKERS": broker.Addr()})
+		awayLater(t, s, broker.Close, "Kafka does not answer at "+broker.Addr())
+	})
+	t.Run("tasks", func(t *testing.T) {
+		t.Parallel()
+		db := testdb.New(t)
+		q, err := tasksfake.New(db.Pool, tasksfake.Config{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		api := httptest.NewServer(q.Handler())
+		defer api.Close()
+		s := startServerOn(t, db, map[string]string{"EVENTS_TRANSPORT": "tasks", "TASKS_URL": api.URL})
+		awayLater(t, s, func() { api.CloseClientConnections(); api.Close() }, "The task queue does not answer at "+api.URL)
+	})
+}
+
+// awayLater: with the broker set up and answering the pages name nothing;
+// after goAway, the amber banner says want, the cause in words, no red.
+func awayLater(t *testing.T, s *testServer, goAway func(), want string) {
+	t.Helper()
+	// A fresh process may be away (not reached yet) for brokerGrace before
+	// the pages say so: past it, an answering broker is named nowhere.
+	time.Sleep(6 * time.Second)
+	if body := adminPageUntil(t, s, "/recovery", func(string) bool { return true }); strings.Contains(body, `data-testid="broker-away"`) {
+		t.Fatalf("the broker is named away while it answers:\n%s", body)
+	}
+	goAway()
+	oldEvent(t, s, "PENDING")
+	body := adminPageUntil(t, s, "/recovery", func(b string) bool { return strings.Contains(b, `data-testid="broker-away"`) })
+	if !strings.Contains(body, want) {
+		t.Errorf("the banner does not say %q:\n%s", want, body)
+	}
+	assertCauseInWords(t, body)
+	if strings.Contains(body, `data-testid="invariant-banner"`) {
+		t.Errorf("a broker away is called a broken invariant:\n%s", body)
 	}
 }

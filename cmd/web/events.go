@@ -162,8 +162,9 @@ type eventsRuntime struct {
 	metrics  *events.Metrics
 	injector *events.Injector
 	instance string
-	// broker is what the relay knows of its broker (NATS): away or
-	// answering, for the admin pages; nil for the other transports.
+	// broker is what the relay knows of its broker (NATS, Kafka, the task
+	// queue): away or answering, for the admin pages — at setup and at any
+	// time after; nil for River, whose broker is PostgreSQL.
 	broker *events.BrokerState
 }
 
@@ -220,6 +221,10 @@ func (er *eventsRuntime) Run(ctx context.Context) {
 	}
 }
 
+// brokerPingEvery is how often a Kafka or task-queue relay asks whether its
+// broker still answers (BrokerState.Watch); NATS's client says so itself.
+const brokerPingEvery = 2 * time.Second
+
 // relay returns the relay of this process's outbox rows to pub.
 func (er *eventsRuntime) relay(pub events.Publisher) (*events.Relay, error) {
 	return events.NewRelay(er.pool, pub, events.RelayConfig{Instance: er.instance,
@@ -265,8 +270,9 @@ func (er *eventsRuntime) runKafka(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); relay.Run(ctx) }()
+	go func() { defer wg.Done(); er.broker.Watch(ctx, k.Ping, brokerPingEvery) }() // away later, as NATS's callbacks say
 	for _, h := range er.handlers() {
 		c := k.Consumer(h, events.ConsumerConfig{Injector: er.injector, Logger: er.logger})
 		wg.Add(1)

@@ -141,6 +141,8 @@ func (er *eventsRuntime) runTasks(ctx context.Context) {
 		er.logger.Error("events: relay", "err", err)
 		return
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); er.broker.Watch(ctx, pub.Ping, brokerPingEvery) }() // away later, as NATS's callbacks say
 	relay.Run(ctx)
 }
 

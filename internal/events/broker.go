@@ -95,7 +95,43 @@ func (b *BrokerState) Answering() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.away, b.since, b.why = false, time.Now(), ""
+	if b.away { // since: when it came back, not the latest ping
+		b.since = time.Now()
+	}
+	b.away, b.why = false, ""
+}
+
+// Watch keeps the state true for a transport whose client does not say
+// when its broker goes away (Kafka's, the task queue's; NATS's client calls
+// back on disconnect and reconnect, runNATS): every interval it pings, and
+// records Away or Answering, until ctx is done. So all three transports are
+// named away when their broker goes away later, not only while they are set
+// up.
+func (b *BrokerState) Watch(ctx context.Context, ping func(context.Context) error, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			b.check(ctx, ping, every)
+		}
+	}
+}
+
+// check pings once, bounded by timeout, and records what it found.
+func (b *BrokerState) check(ctx context.Context, ping func(context.Context) error, timeout time.Duration) {
+	pingCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := ping(pingCtx)
+	switch {
+	case ctx.Err() != nil: // shutting down: nothing learned
+	case err != nil:
+		b.Away(err)
+	default:
+		b.Answering()
+	}
 }
 
 // BrokerStatus is a BrokerState read at one moment.

@@ -134,6 +134,9 @@ func (k *Kafka) createTopic(ctx context.Context) error {
 // Close ends the producer's session (its producer id dies with it).
 func (k *Kafka) Close() { k.producer.Close() }
 
+// Ping asks the brokers whether one answers (BrokerState.Watch).
+func (k *Kafka) Ping(ctx context.Context) error { return k.producer.Ping(ctx) }
+
 // Transport names it.
 func (k *Kafka) Transport() string { return TransportKafka }
 

@@ -100,6 +100,9 @@ func NewTasks(cfg TasksConfig) (*Tasks, error) {
 // Close closes idle connections to the queue.
 func (t *Tasks) Close() { t.client.CloseIdleConnections() }
 
+// Ping asks the queue whether it answers (BrokerState.Watch).
+func (t *Tasks) Ping(ctx context.Context) error { return t.client.Ping(ctx, t.Queue(Consumers[0])) }
+
 // Transport names it.
 func (t *Tasks) Transport() string { return TransportTasks }
 

@@ -193,6 +193,15 @@ func (c *Client) Create(ctx context.Context, queuePath string, t Task) (Task, er
 	return out, c.do(ctx, http.MethodPost, "/v2/"+queuePath+"/tasks", body, &out)
 }
 
+// Ping asks the queue at queuePath for one task: nil when the queue
+// answers (whatever it holds), ErrUnavailable when it does not.
+func (c *Client) Ping(ctx context.Context, queuePath string) error {
+	var out struct {
+		Tasks []Task `json:"tasks"`
+	}
+	return c.do(ctx, http.MethodGet, "/v2/"+queuePath+"/tasks?pageSize=1", nil, &out)
+}
+
 // Get returns the task named name (its full resource name).
 func (c *Client) Get(ctx context.Context, name string) (Task, error) {
 	var out Task
