@@ -82,6 +82,9 @@ func plural(n int, noun string) string {
 	return strconv.Itoa(n) + " " + noun + "s"
 }
 
+// Plural is plural for the handlers' notices: one rule for counts in words.
+var Plural = plural
+
 // joinOr writes ["policy", "booking"] as "policy or booking".
 func joinOr(words []string) string {
 	switch len(words) {

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // worker is one simulated client. It owns its random source, so a seed
@@ -66,7 +68,7 @@ func (w *worker) storm(ctx context.Context, req request) answer {
 	}
 	wg.Wait()
 	for i, p := range pauses {
-		if !sleep(ctx, p) {
+		if !pause.For(ctx, p) {
 			break
 		}
 		answers[together+i] = w.c.send(ctx, req)
@@ -119,7 +121,7 @@ func (w *worker) together(ctx context.Context, reqs ...request) []answer {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if sleep(ctx, delays[i]) {
+			if pause.For(ctx, delays[i]) {
 				answers[i] = w.c.send(ctx, r)
 			}
 		}()
@@ -197,7 +199,7 @@ func raceBook(ctx context.Context, w *worker) error {
 	cu := w.d.customers[w.rng.IntN(len(w.d.customers))]
 	a := w.c.send(ctx, bookRequest(w.d.slots[w.rng.IntN(len(w.d.slots))], cu.token, w.newKey()))
 	if id, ok := createdID(a); ok {
-		sleep(ctx, time.Duration(w.rng.IntN(10))*time.Millisecond)
+		pause.For(ctx, time.Duration(w.rng.IntN(10))*time.Millisecond)
 		w.c.send(ctx, releaseRequest(id, cu.token, w.newKey()))
 	}
 	return nil
@@ -221,7 +223,7 @@ func depositBook(ctx context.Context, w *worker) error {
 	if !ok {
 		return nil
 	}
-	sleep(ctx, time.Duration(w.rng.IntN(20))*time.Millisecond)
+	pause.For(ctx, time.Duration(w.rng.IntN(20))*time.Millisecond)
 	for range 3 { // a refused refund leaves the booking standing: ask again, new key
 		if c := w.storm(ctx, releaseRequest(id, cu.token, w.newKey())); c.status == http.StatusOK || c.status == http.StatusAccepted {
 			break
@@ -241,7 +243,7 @@ func (w *worker) awaitConfirmed(ctx context.Context, a answer, token string) (in
 		return 0, false
 	}
 	for range 50 {
-		sleep(ctx, 100*time.Millisecond)
+		pause.For(ctx, 100*time.Millisecond)
 		r := w.c.send(ctx, request{method: http.MethodGet, path: fmt.Sprintf("/api/v1/bookings/%d", b.ID), token: token})
 		if r.status != http.StatusOK || json.Unmarshal(r.body, &b) != nil {
 			return 0, false
@@ -332,19 +334,4 @@ func createdID(a answer) (int64, bool) {
 		return 0, false
 	}
 	return v.ID, true
-}
-
-// sleep waits d, or less when ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // runState is what one run shares between its clients.
@@ -184,7 +185,7 @@ func waitSettled(ctx context.Context, c *client, max time.Duration) (settleResul
 		if res.live == 0 || res.waited >= max {
 			return res, nil
 		}
-		if !sleep(ctx, 250*time.Millisecond) {
+		if !pause.For(ctx, 250*time.Millisecond) {
 			return res, ctx.Err()
 		}
 	}

@@ -211,7 +211,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 	if n := text(t, ctx, `[data-testid="notice"]`); !strings.Contains(n, "decision recorded") {
 		t.Errorf("notice: %q", n)
 	}
-	if d := text(t, ctx, `[data-testid="decisions"]`); !strings.Contains(d, "mark_done") || !strings.Contains(d, "COMPLETED") {
+	if d := text(t, ctx, `[data-testid="decisions"]`); !strings.Contains(d, "marked done") || !strings.Contains(d, "COMPLETED") {
 		t.Errorf("decisions list: %q", d)
 	}
 }

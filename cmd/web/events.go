@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/events"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // eventsConfig is the EVENTS_* and NATS_URL environment (docs/api.md).
@@ -205,7 +206,7 @@ func (er *eventsRuntime) Run(ctx context.Context) {
 			break
 		}
 		er.logger.Error("events: cannot record the transport; retrying", "err", err)
-		if !sleepCtx(ctx, er.cfg.RelayInterval) {
+		if !pause.For(ctx, er.cfg.RelayInterval) {
 			return
 		}
 	}
@@ -256,7 +257,7 @@ func (er *eventsRuntime) runKafka(ctx context.Context) {
 		if err != nil {
 			er.broker.Away(err)
 			er.logger.Warn("events: kafka topic not ready; the outbox keeps the events meanwhile", "err", err)
-			if !sleepCtx(ctx, 2*time.Second) {
+			if !pause.For(ctx, 2*time.Second) {
 				return
 			}
 		}
@@ -326,7 +327,7 @@ func (er *eventsRuntime) runNATS(ctx context.Context) {
 		if err != nil {
 			er.broker.Away(err)
 			er.logger.Warn("events: NATS stream not ready; the outbox keeps the events meanwhile", "err", err)
-			if !sleepCtx(ctx, 2*time.Second) {
+			if !pause.For(ctx, 2*time.Second) {
 				return
 			}
 		}
@@ -377,15 +378,6 @@ func embedNATS(cfg *eventsConfig, logger *slog.Logger) (note string, stop func()
 		cfg.NATSURL, srv.URL(), srv.DataDir())
 	cfg.NATSURL = srv.URL()
 	return note, srv.Close, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
-	}
 }
 
 // eventsOnly is `web events`: the relay and one instance of each consumer

@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // Kafka is the transport of a partitioned log: the relay produces each
@@ -232,7 +234,7 @@ func (c *KafkaConsumer) Run(ctx context.Context) {
 		case err := <-done:
 			if err != nil && ctx.Err() == nil {
 				c.cfg.Logger.Warn("events: kafka session ended; joining again", "consumer", c.h.Consumer(), "err", err)
-				sleepOrDone(ctx, c.cfg.Wait)
+				pause.For(ctx, c.cfg.Wait)
 			}
 		}
 	}
@@ -429,13 +431,6 @@ func (c *KafkaConsumer) attempt(ctx context.Context, r *kgo.Record, m Message) i
 		}
 	}
 	return n
-}
-
-func sleepOrDone(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 // kafkaLogger sends franz-go's warnings and errors to slog.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // Lab 7: compensation on a timeout. A deposit booking holds a slot, charges
@@ -49,7 +50,7 @@ var compensationLab = &Lab{
 			Says: "brokenCompensateAfterTimeout: a timeout taken for a refusal"},
 		{Path: "internal/labs/compensation.go", Text: "func (b *deposit) brokenRefundThenRelease(ctx context.Context) error {",
 			Says: "brokenRefundThenRelease: a refund sent for a charge nobody knows happened"},
-		{Path: "internal/labs/compensation.go", Text: "if !sleep(ctx, time.Until(b.deadline.Add(compensationMargin))) {",
+		{Path: "internal/labs/compensation.go", Text: "if !pause.For(ctx, time.Until(b.deadline.Add(compensationMargin))) {",
 			Says: "ask the truth; act on COMPLETED, or on NOT_STARTED once the deadline has passed"},
 		{Path: "internal/workflow/recover.go", Text: "func (a *attempt) untilConclusive(ctx context.Context, i int) (time.Duration, error) {",
 			Says: "the engine's deadline rule, the same one"},
@@ -203,7 +204,7 @@ func (b *deposit) askFirst(ctx context.Context) error {
 	}
 	if truth == external.TruthNotStarted {
 		b.t.say(b.who, "the charge's status: NOT_STARTED — not conclusive before its deadline plus %s", compensationMargin)
-		if !sleep(ctx, time.Until(b.deadline.Add(compensationMargin))) {
+		if !pause.For(ctx, time.Until(b.deadline.Add(compensationMargin))) {
 			return ctx.Err()
 		}
 		if truth, err = b.client.Status(ctx, callsPath, b.chargeKey); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // Lab 2: fencing. An owner that stalls past its lease is not dead, only
@@ -162,7 +163,7 @@ func takeOverWhenExpired(ctx context.Context, e *env, store *idempotency.Store, 
 		if err != nil || c != nil {
 			return c, err
 		}
-		if !sleep(ctx, 20*time.Millisecond) {
+		if !pause.For(ctx, 20*time.Millisecond) {
 			return nil, ctx.Err()
 		}
 	}

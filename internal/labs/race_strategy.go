@@ -98,7 +98,7 @@ func book(ctx context.Context, tx pgx.Tx, store *slots.Store, strategy Strategy,
 		}
 		tr.Waited = time.Since(start)
 		if available {
-			if err := pause(ctx, tx, think); err != nil {
+			if err := thinkInTx(ctx, tx, think); err != nil {
 				return slots.Booking{}, tr, err
 			}
 		}
@@ -114,9 +114,9 @@ func book(ctx context.Context, tx pgx.Tx, store *slots.Store, strategy Strategy,
 	return b, tr, err
 }
 
-// pause waits inside the transaction, on the database, as slow application
+// thinkInTx waits inside the transaction, on the database, as slow application
 // code between a read and a write would.
-func pause(ctx context.Context, tx pgx.Tx, d time.Duration) error {
+func thinkInTx(ctx context.Context, tx pgx.Tx, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
@@ -145,7 +145,7 @@ func checkThenInsert(ctx context.Context, tx pgx.Tx, slotID, userID int64, think
 	case !available:
 		return slots.Booking{}, tr, slots.ErrSlotTaken
 	}
-	if err := pause(ctx, tx, think); err != nil { // others read AVAILABLE meanwhile
+	if err := thinkInTx(ctx, tx, think); err != nil { // others read AVAILABLE meanwhile
 		return slots.Booking{}, tr, err
 	}
 	// A savepoint around the INSERT: when the unique index refuses it, only

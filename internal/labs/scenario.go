@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // What several scenarios share: their effects table, fingerprints, waits.
@@ -45,18 +47,6 @@ func fingerprintOf(parts ...string) []byte {
 	return sum[:]
 }
 
-// sleep waits d, or less if ctx ends first (then it reports false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // waitFor polls cond every 10 ms until it holds, up to bound. It is for
 // waiting on something the schedule guarantees will happen (a held call
 // the proxy delivers, a lease the database clock ends), never for hoping.
@@ -75,7 +65,7 @@ func pollEvery(ctx context.Context, bound, every time.Duration, cond func() (boo
 		if time.Now().After(deadline) {
 			return fmt.Errorf("labs: waited %s for the schedule to play out", bound)
 		}
-		if !sleep(ctx, every) {
+		if !pause.For(ctx, every) {
 			return ctx.Err()
 		}
 	}

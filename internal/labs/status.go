@@ -13,6 +13,7 @@ import (
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/netfault"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // Lab 9: a status answer describes the past. NOT_STARTED says no call with
@@ -176,7 +177,7 @@ func (e *env) retryAfterDeadline(ctx context.Context, sys *fakeSystem, url strin
 		return v, err
 	}
 	t.say("caller", "asks the status: %s — not conclusive before the deadline plus %s", truth, statusMargin)
-	if !sleep(ctx, time.Until(deadline.Add(statusMargin))) {
+	if !pause.For(ctx, time.Until(deadline.Add(statusMargin))) {
 		return v, ctx.Err()
 	}
 	if truth, err = asker.Status(ctx, callsPath, key); err != nil {

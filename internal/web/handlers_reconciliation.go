@@ -247,7 +247,7 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 		if b == nil {
 			continue
 		}
-		n := plural(len(b.Items), "item")
+		n := views.Plural(len(b.Items), "item")
 		switch action {
 		case string(workflow.ResolveDone):
 			b.Label, b.Why = "Mark done: "+n, "Their systems say COMPLETED: the effect happened, no second call is needed."
@@ -264,12 +264,6 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.ReconciliationPage(app.page(c, "Reconciliation", "reconciliation"), v))
 }
 
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return strconv.Itoa(n) + " " + noun + "s"
-}
 
 // deskNotice words what the last post did; it names only numbers that
 // parse (a query string is anyone's to write).

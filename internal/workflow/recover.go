@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/pause"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/tracing"
 )
@@ -146,7 +147,7 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 				if err := a.renew(ctx, i, BranchNotStartedWait, why+": lease renewed, asking again then", wait); err != nil {
 					return recovery.Result{Branch: BranchNotStartedWait}, err
 				}
-				if !sleep(ctx, wait) {
+				if !pause.For(ctx, wait) {
 					return recovery.Result{Branch: BranchNotStartedWait}, ctx.Err()
 				}
 				continue
@@ -166,7 +167,7 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 		if err := a.renew(ctx, i, BranchPoll, detail, wait); err != nil {
 			return recovery.Result{Branch: BranchPoll}, err
 		}
-		if !sleep(ctx, wait) {
+		if !pause.For(ctx, wait) {
 			return recovery.Result{Branch: BranchPoll}, ctx.Err()
 		}
 	}
@@ -572,15 +573,4 @@ func (e *Engine) stopReasking(ctx context.Context, opID int64) error {
 		 WHERE id = $1
 		   AND status = 'NEEDS_RECONCILIATION'`, opID)
 	return err
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/idemlab/idemlab/cmd/chaos/history"
 	"github.com/idemlab/idemlab/cmd/chaos/procs"
 	"github.com/idemlab/idemlab/internal/netfault"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // Config says how often each kind of fault comes. Each Every is a mean:
@@ -313,7 +314,7 @@ func (n *Nemesis) delay(ctx context.Context, rng *rand.Rand) {
 	f.Proxy.SetDelay(up, down)
 	n.actions.Add(1)
 	defer n.actions.Done()
-	sleepCtx(ctx, window)
+	pause.For(ctx, window)
 	f.Proxy.SetDelay(0, 0)
 	n.log.Injected(history.Fault{Kind: history.Delay, Target: f.Name, Start: start, End: time.Now(),
 		Detail: d.Round(time.Millisecond).String() + " " + dir})
@@ -407,15 +408,6 @@ func (n *Nemesis) processes() []*procs.Process {
 		ps = append(ps, f.Process)
 	}
 	return ps
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 func errDetail(err error) string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/cmd/chaos/history"
+	"github.com/idemlab/idemlab/internal/pause"
 )
 
 // callbackModes are the fakes' callback modes a callback flip draws from
@@ -72,7 +73,7 @@ func persist(ctx context.Context, set func() error) error {
 		if err = set(); err == nil {
 			return nil
 		}
-		sleepCtx(ctx, 500*time.Millisecond)
+		pause.For(ctx, 500*time.Millisecond)
 		if ctx.Err() != nil {
 			return err
 		}
