@@ -186,7 +186,7 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 
 	// A note over the limit: refused, the field named, nothing decided.
 	err = browsertest.Run(ctx,
-		chromedp.SetValue(`[data-testid="note-mark_done"]`, strings.Repeat("x", 501), chromedp.ByQuery),
+		chromedp.SetValue(card(completed)+` [data-testid="note-mark_done"]`, strings.Repeat("x", 501), chromedp.ByQuery),
 		chromedp.Click(`[data-testid="resolve-mark_done"] button`, chromedp.ByQuery),
 	)
 	if err != nil {

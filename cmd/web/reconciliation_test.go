@@ -464,3 +464,39 @@ func findAction(actions []actionJSON, name string) actionJSON {
 	}
 	return actionJSON{}
 }
+
+// The desk's own advice keeps the invariants green (the fresh reader's
+// finding 1): payments refuses a refund after the provider cancelled; the
+// card advises "do it by hand, then mark it done"; done so, invariant 7 no
+// longer reports the refund DONE that payments has no COMPLETED record of —
+// the person's decision is the record, on the audit trail.
+func TestDoneByHandKeepsTheInvariantsGreen(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PAYMENTS_TIMEOUT": "5s"})
+	s.paymentsMode(t, fault.ModeReject)
+	var op operationJSON
+	s.do(cancelReq(s.policyOf(t, "demo-alice", 0), "demo-alice", "by-hand", "")).JSON(t, &op)
+	d := s.desk(t, "")
+	if d.Total != 1 || d.Items[0].OperationID != op.ID {
+		t.Fatalf("desk: %+v", d)
+	}
+	it := d.Items[0]
+	if done := findAction(it.Advice.Actions, "mark_done"); !done.Enabled {
+		t.Fatalf("a refused refund's card does not offer mark done: %+v", it.Advice.Actions)
+	}
+	// Every decision the card allows takes a note (the desk records each
+	// "with your name and note"), not only a suggested one.
+	client := s.browserClient()
+	s.signIn(t, client, "admin")
+	page := string(doWith(t, client, s.URL, request{Method: "GET", Path: "/reconciliation"}).Body)
+	if !strings.Contains(page, `data-testid="note-mark_done"`) {
+		t.Errorf("the refused refund's card offers mark done without a note")
+	}
+	body, _ := json.Marshal(map[string]any{"action": "mark_done", "seen_updated_at": it.SeenUpdatedAt, "truth_seen": it.TruthNow,
+		"note": "refunded by bank transfer"})
+	if r := s.do(request{Method: "POST", Path: fmt.Sprintf("/api/v1/admin/operations/%d/resolve", op.ID), Token: "demo-admin",
+		Body: string(body), Header: map[string]string{"Idempotency-Key": "by-hand"}}); r.Status != http.StatusOK {
+		t.Fatalf("done by hand: %d %s", r.Status, r.Body)
+	}
+	s.assertInvariants(t)
+}

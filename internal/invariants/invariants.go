@@ -160,6 +160,7 @@ var checks = []check{
 		  LEFT JOIN fake_provider.requests r ON r.idempotency_key = s.step_key
 		 WHERE s.name = 'provider_cancel'
 		   AND s.state = 'DONE'
+		   AND ` + notDecidedByAPerson + `
 		   AND (r.idempotency_key IS NULL AND ` + sentSinceReset("provider") + `
 		        OR r.idempotency_key IS NOT NULL AND fake_provider.truth(r.outcome, r.completes_at, now()) <> 'COMPLETED')`, ""},
 	{4, "a FAILED cancellation the provider applied", `
@@ -189,6 +190,7 @@ var checks = []check{
 		 WHERE s.name = 'refund'
 		   AND s.state = 'DONE'
 		   AND NOT coalesce(s.answer ? 'skipped', false) -- nothing was owed: no call was made
+		   AND ` + notDecidedByAPerson + `
 		   AND (r.idempotency_key IS NULL AND ` + sentSinceReset("payments") + `
 		        OR r.idempotency_key IS NOT NULL AND fault.truth(r.outcome, r.completes_at, now()) <> 'COMPLETED')`, ""},
 	{7, "a cancelled policy whose refund is neither DONE nor waiting for recovery or a person", `
@@ -226,6 +228,7 @@ var checks = []check{
 		  LEFT JOIN fake_payments.charges c ON c.idempotency_key = s.step_key
 		 WHERE s.name = 'charge_deposit'
 		   AND s.state = 'DONE'
+		   AND ` + notDecidedByAPerson + `
 		   AND (c.idempotency_key IS NULL AND ` + sentSinceReset("payments") + `
 		        OR c.idempotency_key IS NOT NULL AND fault.truth(c.outcome, c.completes_at, now()) <> 'COMPLETED')`, ""},
 	{8, "more than one charge (or refund) for a booking in the payments ledger", `
@@ -333,6 +336,13 @@ func sentSinceReset(system string) string {
 	return `(s.sent_at IS NULL
 		             OR s.sent_at > coalesce((SELECT reset_at FROM fault.resets WHERE system = '` + system + `'), '-infinity'))`
 }
+
+// notDecidedByAPerson leaves out a step a person marked DONE on the
+// reconciliation desk (its answer is the decision: decided_by, decision,
+// note): "done by hand" — a refund paid outside the system after payments
+// refused it — is the person's word, on the audit trail, and the system
+// rightly has no COMPLETED record of it.
+const notDecidedByAPerson = `NOT coalesce(s.answer ? 'decided_by', false)`
 
 // staleCheck is invariant 6; its threshold is a parameter.
 const staleCheck = `
