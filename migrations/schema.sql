@@ -952,7 +952,8 @@ CREATE TABLE public.audit_entries (
     at timestamp with time zone DEFAULT now() NOT NULL,
     actor text NOT NULL,
     summary text NOT NULL,
-    facts jsonb NOT NULL
+    facts jsonb NOT NULL,
+    CONSTRAINT audit_entries_step_key_check CHECK ((split_part(step_key, ':'::text, 1) = (operation_id)::text))
 );
 
 --
@@ -2124,14 +2125,7 @@ ALTER TABLE ONLY labs.runs
 --
 
 ALTER TABLE ONLY public.audit_entries
-    ADD CONSTRAINT audit_entries_pkey PRIMARY KEY (id);
-
---
--- Name: audit_entries audit_entries_step_key_key; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.audit_entries
-    ADD CONSTRAINT audit_entries_step_key_key UNIQUE (step_key);
+    ADD CONSTRAINT audit_entries_pkey PRIMARY KEY (operation_id, step_key);
 
 --
 -- Name: bookings bookings_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -2560,12 +2554,6 @@ CREATE INDEX outbox_pending_idx ON labs.outbox USING btree (run_id, variant, seq
 --
 
 CREATE INDEX runs_user_lab_idx ON labs.runs USING btree (user_id, lab, id DESC);
-
---
--- Name: audit_entries_operation_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX audit_entries_operation_idx ON public.audit_entries USING btree (operation_id);
 
 --
 -- Name: bookings_one_confirmed_per_slot; Type: INDEX; Schema: public; Owner: -

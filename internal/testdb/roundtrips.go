@@ -89,3 +89,12 @@ func (rt *RoundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 }
 
 func (rt *RoundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// A COPY is one round trip (pgx streams its rows after the command without
+// waiting for an answer).
+func (rt *RoundTrips) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	rt.add("copy " + data.TableName.Sanitize() + " (" + strings.Join(data.ColumnNames, ", ") + ") from stdin")
+	return ctx
+}
+
+func (rt *RoundTrips) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,33 +57,35 @@ func (r *runner) crash(ctx context.Context, p crash.Point) {
 // call's row takes its step's sent_at, and an answer's row its step's
 // finished_at, so the operation page's Steps and Calls show the same instants.
 
-const sqlInsertSteps = `
-INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
-SELECT $1, $2, s.position, s.name, s.step_key, s.system,
-       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, -- the start function wrote the intent
-       CASE WHEN s.position = 1 THEN clock_timestamp() END -- the steps' clock, above
-  FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS s(name, step_key, system, position)
-RETURNING ` + stepColumns
+// sqlInsertSteps is the statement that lays a run's steps out: a COPY of
+// their rows (pgx sends it, from insertStepsColumns), not an INSERT — COPY
+// writes the rows of one page in one WAL record, an INSERT one per row:
+// five records fewer for a cancellation's six steps. The first step is
+// DONE at the moment the start function wrote the intent (the operation's
+// updated_at, on the database clock); the others PENDING.
+const sqlInsertSteps = `COPY operation_steps (operation_id, run, position, name, step_key, system, state, finished_at, updated_at) FROM STDIN`
+
+var insertStepsColumns = []string{"operation_id", "run", "position", "name", "step_key", "system", "state", "finished_at", "updated_at"}
 
 // insertSteps writes the steps of the operation's run, the first DONE (the
 // start function recorded the intent), with the timeline's first event.
 func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
-	names, keys, systems := make([]string, len(r.def.Steps)), make([]string, len(r.def.Steps)), make([]*string, len(r.def.Steps))
+	at := r.op.UpdatedAt // the intent's write: this transaction's
+	steps, rows := make([]StepRecord, len(r.def.Steps)), make([][]any, len(r.def.Steps))
 	for i, s := range r.def.Steps {
-		names[i], keys[i] = s.Name, StepKey(r.op.ID, s.Name, r.op.Run)
+		st := StepRecord{Position: i + 1, Name: s.Name, Key: StepKey(r.op.ID, s.Name, r.op.Run), State: StepPending, UpdatedAt: at}
 		if s.Call != nil {
-			systems[i] = ptr(s.Call.System())
+			st.System = ptr(s.Call.System())
 		}
+		if i == 0 {
+			st.State, st.FinishedAt = StepDone, &at
+		}
+		steps[i] = st
+		rows[i] = []any{r.op.ID, r.op.Run, st.Position, st.Name, st.Key, st.System, st.State, st.FinishedAt, st.UpdatedAt}
 	}
-	rows, err := tx.Query(ctx, sqlInsertSteps, r.op.ID, r.op.Run, names, keys, systems)
-	if err != nil {
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"operation_steps"}, insertStepsColumns, pgx.CopyFromRows(rows)); err != nil {
 		return fmt.Errorf("workflow: insert steps: %w", err)
 	}
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
-	if err != nil {
-		return fmt.Errorf("workflow: insert steps: %w", err)
-	}
-	slices.SortFunc(steps, func(a, b StepRecord) int { return a.Position - b.Position })
 	r.op.Steps = steps
 	detail := "requested"
 	if r.op.Run > 1 {
@@ -440,24 +441,30 @@ UPDATE operation_steps s
    AND s.state = 'PENDING'
 RETURNING ` + stepColumns
 
-// SENT also makes sure the owner's lease covers the call it is about to
-// make — renewed when less than half a lease would be left at the call's
-// deadline ($5), else left as it is: an unchanged lease is an update that
-// touches no indexed column, so it stays on its page (HOT) — and records
+// SENT locks the operation as its owner like every step write, and makes
+// sure the owner's lease covers the call it is about to make: renewed when
+// less than half a lease would be left at the call's deadline ($5), else
+// left as it is — the row lock alone, which costs nothing when this
+// transaction holds it already (the answer before it took it). It records
 // the call in operation_calls: one statement, one round trip, and the
 // call's row exists exactly when the step was written SENT. $8 is the actor.
 const sqlStepSent = `
 WITH owner AS (
-    UPDATE operations
-       SET lease_expires_at = CASE
-               WHEN lease_expires_at < $5::timestamptz + make_interval(secs => $7 / 2) THEN now() + make_interval(secs => $7)
-               ELSE lease_expires_at
-           END
+    SELECT id,
+           lease_expires_at < $5::timestamptz + make_interval(secs => $7 / 2) AS short -- at the call's deadline
+      FROM operations
      WHERE id = $1
        AND owner_token = $2 -- the fence
        AND status IN ('IN_PROGRESS', 'RECOVERING')
        AND (cancel_requested_at IS NULL OR $9::bool) -- 0 rows: cancelled before this step ($9: a compensation)
-    RETURNING id
+       FOR UPDATE
+),
+renewed AS (
+    UPDATE operations o
+       SET lease_expires_at = now() + make_interval(secs => $7)
+      FROM owner
+     WHERE o.id = owner.id
+       AND owner.short -- else the lease covers the call: left as it is
 ),
 sent AS (
     UPDATE operation_steps s
