@@ -120,13 +120,21 @@ func TestBrowserDemoWalkThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// An armed crash point, which the reset must disarm with the rest
+	// (reader's finding 5: it stayed armed and cut off the next request).
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at": "after_commit", "mode": "abandon"}`}); r.Status != http.StatusOK {
+		t.Fatalf("arming a crash point: %d %s", r.Status, r.Body)
+	}
+
 	// Back to admin, and reset from the demo page, confirmed.
 	var done string
+	var armedBefore, armedAfter int
 	err = chromedp.Run(b,
 		chromedp.Click(`[data-testid="switch-admin"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="demo-controls"]`, chromedp.ByQuery),
 		chromedp.Click(`[data-testid="demo-controls"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`[data-testid="reset-form"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid="crash-armed"]').length`, &armedBefore),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -140,9 +148,18 @@ func TestBrowserDemoWalkThrough(t *testing.T) {
 		chromedp.Text(`[data-testid="reset-done"]`, &done, chromedp.ByQuery),
 		chromedp.Text(`[data-testid="signed-in-as"]`, &who, chromedp.ByQuery),
 		chromedp.Evaluate(`document.querySelectorAll('[data-testid="invariant-banner"]').length`, &rows),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid="crash-armed"]').length`, &armedAfter),
 	)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if armedBefore != 1 || armedAfter != 0 || !strings.Contains(done, "crash point disarmed") {
+		t.Errorf("crash point shown armed %d times before the reset, %d after; the notice says %q", armedBefore, armedAfter, done)
+	}
+	var set struct{ At string }
+	s.do(request{Method: "GET", Path: "/api/v1/admin/crash", Token: "demo-admin"}).JSON(t, &set)
+	if set.At != "" {
+		t.Errorf("after the reset the crash point %q is still armed", set.At)
 	}
 	if strings.TrimSpace(who) != "admin" || !strings.Contains(done, "60 active policies") {
 		t.Errorf("after the reset: signed in as %q, message %q", who, done)

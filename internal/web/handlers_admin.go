@@ -134,7 +134,9 @@ func (app *App) handleReset(c echo.Context) error {
 
 // resetDemo is the one reset behind the API and the demo page: the data
 // (demo.Reset), then both fakes, then what the app believes about them —
-// the fakes' defaults are idempotent, so the belief goes back to that too.
+// the fakes' defaults are idempotent, so the belief goes back to that too —
+// and the crash switch, disarmed: a point left armed would cut off the
+// first request of the clean demo.
 func (app *App) resetDemo(c echo.Context, d demo.Dataset) ([]demo.Account, error) {
 	ctx := c.Request().Context()
 	accounts, err := demo.Reset(ctx, app.pool, app.accounts, d, time.Now(), demo.TokenFor(app.secret))
@@ -152,6 +154,11 @@ func (app *App) resetDemo(c echo.Context, d demo.Dataset) ([]demo.Account, error
 			return nil, fake.controlError(c, err)
 		}
 		if err := fake.believe(ctx, true, u.Name+" (the demo reset)"); err != nil {
+			return nil, err
+		}
+	}
+	if app.crash != nil {
+		if err := app.crash.Arm(crash.Setting{}); err != nil {
 			return nil, err
 		}
 	}
