@@ -280,3 +280,45 @@ func newRequest(method, url, token, key string) (*http.Request, error) {
 	req.Header.Set("Idempotency-Key", key)
 	return req, nil
 }
+
+// The Recovery page shows recovery at work on everyone's operations, but
+// another customer's only as recovery sees it (the fresh reader's finding
+// 9: signed out, every customer's operations were listed with their policy,
+// their errors and each step's story, while their policy pages answer 404
+// to anyone else). Alice reads her own; bob and a visitor read
+// "another customer's", unlinked, without the details.
+func TestRecoveryPageKeepsOthersOperationsTheirs(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PROVIDER_TIMEOUT": "300ms", "RECOVERY_INTERVAL": "100ms",
+		"RECOVERY_MAX_ATTEMPTS": "100", "RECOVERY_MAX_BACKOFF": "60s"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeDrop })
+	policy := s.policyOf(t, "demo-alice", 0)
+	var op operationJSON
+	s.do(cancelReq(policy, "demo-alice", "theirs", "")).JSON(t, &op)
+	link := fmt.Sprintf(`href="/operations/%d"`, op.ID)
+	alice := s.browserClient()
+	s.signIn(t, alice, "alice")
+	var own string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		own = string(doWith(t, alice, s.URL, request{Method: "GET", Path: "/recovery"}).Body)
+		if strings.Contains(own, `data-testid="recent-recoveries"`) && strings.Contains(own, `data-testid="live-operations"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recovery never showed the operation at work:\n%s", own)
+		}
+	}
+	if !strings.Contains(own, link) || strings.Contains(own, `data-testid="theirs"`) {
+		t.Errorf("alice does not read her own operation on /recovery")
+	}
+	bob := s.browserClient()
+	s.signIn(t, bob, "bob")
+	visitor := s.browserClient()
+	for who, client := range map[string]*http.Client{"bob": bob, "a visitor": visitor} {
+		page := string(doWith(t, client, s.URL, request{Method: "GET", Path: "/recovery"}).Body)
+		if strings.Contains(page, link) || strings.Contains(page, fmt.Sprintf("policy %d", policy)) || !strings.Contains(page, `data-testid="theirs"`) ||
+			strings.Contains(page, "provider_cancel sent") || strings.Contains(page, "no answer") {
+			t.Errorf("%s reads alice's operation on /recovery:\n%s", who, page)
+		}
+	}
+}

@@ -66,6 +66,9 @@ func (app *App) recoverySnapshot(ctx context.Context, u users.User) (recoverySna
 		}
 		for i := range recent {
 			recent[i].Detail = customerText(recent[i].Detail)
+			if recent[i].UserID != u.ID { // another customer's (or anyone's, signed out): its branch, not its story
+				recent[i].Detail, recent[i].PolicyID = "", 0
+			}
 		}
 	}
 	cfg := app.recovery.Settings()
@@ -136,6 +139,12 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 			ID: l.ID, Subject: l.Subject(), Status: l.Status, Owner: database.Deref(l.OwnerID), Lease: timeText(l.LeaseExpiresAt),
 			Attempts: l.Attempts, LastError: database.Deref(l.LastError), State: "owned", StateKind: "DONE", Owned: !l.Stale,
 		}
+		if !u.IsAdmin() && l.UserID != u.ID {
+			// Another customer's operation (anyone's, signed out): what recovery
+			// does with it, not what it is about — as their policy pages answer
+			// 404 to anyone else.
+			row.Theirs, row.Subject, row.LastError = true, "another customer's", ""
+		}
 		switch {
 		case l.Stale && l.Due:
 			row.State, row.StateKind = "stale: claimable now", "IN_PROGRESS"
@@ -147,7 +156,7 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 	for _, r := range s.Recent {
 		v.Recent = append(v.Recent, views.RecoveryStep{
 			At: r.At.UTC().Format("15:04:05.000"), OperationID: r.OperationID, Branch: database.Deref(r.Branch),
-			Worker: r.Actor, To: r.ToStatus, Detail: r.Detail,
+			Worker: r.Actor, To: r.ToStatus, Detail: r.Detail, Theirs: !u.IsAdmin() && r.UserID != u.ID,
 		})
 	}
 	return v, nil

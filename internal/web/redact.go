@@ -100,9 +100,11 @@ func customerOperation(op workflow.Operation) workflow.Operation {
 
 // othersOperation is another customer's operation as a customer sees it on
 // the recovery page: recovery at work on it, without what that customer
-// wrote or sent — the reason, the request key, the steps' requests.
+// wrote or sent — the reason, the request key, the steps' requests — nor
+// what it is about (its policy or booking, its last error).
 func othersOperation(op workflow.Operation) workflow.Operation {
 	op.Reason, op.IdempotencyKey = "", ""
+	op.PolicyID, op.BookingID, op.LastError = 0, 0, nil // what it is about is theirs
 	steps := make([]workflow.StepRecord, len(op.Steps))
 	for i, st := range op.Steps {
 		st.Request = nil

@@ -150,6 +150,7 @@ type RecoveryEvent struct {
 	workflow.Event
 	Type     string
 	PolicyID int64
+	UserID   int64 // whose operation: a page shows another's without its details
 }
 
 // RecentRecoveryEvents returns the newest events that carry a branch: the
@@ -158,7 +159,7 @@ type RecoveryEvent struct {
 func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]RecoveryEvent, error) {
 	rows, err := db.Query(ctx, `
 		SELECT ev.id, t.operation_id, t.at, ev.from_status, ev.to_status, ev.actor, ev.owner_token::text,
-		       ev.detail, ev.statement, ev.branch, ev.step, o.operation_type, coalesce(o.policy_id, 0)
+		       ev.detail, ev.statement, ev.branch, ev.step, o.operation_type, coalesce(o.policy_id, 0), o.user_id
 		  FROM (SELECT *
 		          FROM operation_timeline
 		         WHERE branch IS NOT NULL
@@ -177,7 +178,7 @@ func RecentRecoveryEvents(ctx context.Context, db database.DBTX, limit int) ([]R
 		var r RecoveryEvent
 		ev := &r.Event
 		err := row.Scan(&ev.ID, &ev.OperationID, &ev.At, &ev.FromStatus, &ev.ToStatus, &ev.Actor, &ev.OwnerToken,
-			&ev.Detail, &ev.StatementName, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID)
+			&ev.Detail, &ev.StatementName, &ev.Branch, &ev.Step, &r.Type, &r.PolicyID, &r.UserID)
 		statementOf(ev)
 		return r, err
 	})
