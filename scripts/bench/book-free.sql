@@ -30,12 +30,15 @@ INSERT INTO bookings (id, slot_id, user_id)
 VALUES (:bid, :sid, :uid)
 RETURNING id, (SELECT resource FROM slots WHERE slots.id = bookings.slot_id),
               (SELECT starts_at FROM slots WHERE slots.id = bookings.slot_id);
-WITH written AS (
-    INSERT INTO outbox (id, type, key, payload, transport, status)
+WITH place AS ( -- the aggregate's next place, as events.Writer takes it (per-aggregate order)
+    INSERT INTO outbox_sequences AS s (key, last_seq) VALUES ('booking:' || :bid, 1)
+        ON CONFLICT (key) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq), written AS (
+    INSERT INTO outbox (id, type, key, payload, transport, status, seq)
     SELECT gen_random_uuid(), 'booking.confirmed', 'booking:' || :bid,
            '{"booking_id": 1, "slot_id": 1, "user_id": 1, "resource": "Consulting room 1", "starts_at": "2026-12-03T09:00:00Z", "at": "2026-12-02T20:00:00Z"}',
-           c.transport, 'PENDING'
-      FROM events_config c
+           c.transport, 'PENDING', place.last_seq
+      FROM events_config c, place
     RETURNING transport)
 SELECT transport, pg_notify('idemlab_outbox', transport) FROM written;
 UPDATE idempotency_keys

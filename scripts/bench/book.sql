@@ -30,8 +30,13 @@ WITH claimed AS (
         RETURNING id)
 SELECT coalesce(max(id), 0) AS bid FROM booked \gset
 \if :bid > 0
-INSERT INTO outbox (id, type, key, payload, transport, status)
-SELECT gen_random_uuid(), 'booking.confirmed', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING' FROM events_config c;
+WITH place AS ( -- the aggregate's next place, as events.Writer takes it (per-aggregate order)
+    INSERT INTO outbox_sequences AS s (key, last_seq) VALUES ('booking:' || :bid, 1)
+        ON CONFLICT (key) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq)
+INSERT INTO outbox (id, type, key, payload, transport, status, seq)
+SELECT gen_random_uuid(), 'booking.confirmed', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING', place.last_seq
+  FROM events_config c, place;
 \endif
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = CASE WHEN :bid > 0 THEN 201 ELSE 409 END,
@@ -52,8 +57,13 @@ VALUES (:uid, 'pgbench-release-' || :k, sha256(('release ' || :k)::bytea), 'IN_P
 RETURNING owner_token AS release_token \gset
 UPDATE bookings SET status = 'CANCELLED', cancelled_at = now() WHERE id = :bid AND status = 'CONFIRMED';
 UPDATE slots SET status = 'AVAILABLE', booking_id = NULL WHERE id = :sid AND booking_id = :bid;
-INSERT INTO outbox (id, type, key, payload, transport, status)
-SELECT gen_random_uuid(), 'booking.released', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING' FROM events_config c;
+WITH place AS ( -- the aggregate's next place, as events.Writer takes it (per-aggregate order)
+    INSERT INTO outbox_sequences AS s (key, last_seq) VALUES ('booking:' || :bid, 1)
+        ON CONFLICT (key) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq)
+INSERT INTO outbox (id, type, key, payload, transport, status, seq)
+SELECT gen_random_uuid(), 'booking.released', 'booking:' || :bid, '{"booking_id": 1}', c.transport, 'PENDING', place.last_seq
+  FROM events_config c, place;
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = 200,
        response_headers = '{"Content-Type": ["application/json"]}',

@@ -100,9 +100,13 @@ UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = n
 UPDATE policies SET status = 'CANCELLED', updated_at = now() WHERE id = :pid::bigint AND status = 'ACTIVE'
 RETURNING number, round(premium * 100 * greatest(0, coverage_end - greatest(current_date, coverage_start))
                         / (coverage_end - coverage_start))::bigint AS cents \gset
-WITH written AS (
-    INSERT INTO outbox (id, type, key, payload, transport, status)
-    SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING' FROM events_config c
+WITH place AS ( -- the aggregate's next place, as events.Writer takes it (per-aggregate order)
+    INSERT INTO outbox_sequences AS s (key, last_seq) VALUES ('policy:' || :pid::text, 1)
+        ON CONFLICT (key) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq), written AS (
+    INSERT INTO outbox (id, type, key, payload, transport, status, seq)
+    SELECT gen_random_uuid(), 'policy.cancelled', 'policy:' || :pid::text, '{"policy_id": 1}', c.transport, 'PENDING', place.last_seq
+      FROM events_config c, place
     RETURNING transport, created_at)
 SELECT transport, created_at, pg_notify('idemlab_outbox', transport) FROM written;
 WITH owner AS (
