@@ -351,6 +351,11 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 			return "Waiting for a person: it was cancelled before " + st.Name + ", after an earlier step had taken effect elsewhere, and nothing undoes that automatically. Nothing more happens on its own until they decide.", "", nil
 		case ok && st.External() && st.State == workflow.StepFailed:
 			return "Waiting for a person to decide: " + database.Deref(st.System) + " refused " + st.Name + ", and what the earlier steps did elsewhere stands. Nothing more happens on its own until they decide.", "", nil
+		case ok && st.External() && op.NextAttemptAt != nil:
+			// Recovery still asks while a person is awaited (sqlReconcile's
+			// next_attempt_at): the answer may settle it before they decide.
+			return "Waiting for a person to confirm with the " + database.Deref(st.System) + ": the outcome of " + st.Name + " is not known. Recovery still asks the " +
+				database.Deref(st.System) + " now and then — next at " + timeText(op.NextAttemptAt) + " — and finishes it on its own if the answer settles it; otherwise a person decides.", "", nil
 		case ok && st.External():
 			return "Waiting for a person to confirm with the " + database.Deref(st.System) + ": the outcome of " + st.Name + " is not known, and nothing more happens on its own until they decide.", "", nil
 		}

@@ -94,3 +94,25 @@ func TestPanelRefreshesWhileTheOperationMayChange(t *testing.T) {
 		t.Errorf("panelShown: %q %q %q %q", panelShown(live), panelShown(renewed), panelShown(cancelled), panelShown(done))
 	}
 }
+
+// A person is awaited while recovery still asks (the fresh reader's finding
+// 4: the header said "nothing more happens on its own until they decide"
+// beside "still asks now and then, so it may finish on its own", and it
+// did): with a re-ask due the header says when, and that it may finish on
+// its own; a definite refusal, never asked again, still waits for a person.
+func TestWaitingForAPersonSaysWhetherRecoveryStillAsks(t *testing.T) {
+	sys, next := "provider", time.Date(2026, 12, 4, 21, 40, 12, 0, time.UTC)
+	op := workflow.Operation{Status: workflow.StatusNeedsReconciliation, NextAttemptAt: &next, Steps: []workflow.StepRecord{
+		{Name: "record_intent", State: workflow.StepDone},
+		{Name: "provider_cancel", System: &sys, State: workflow.StepUnknown},
+	}}
+	asks, _, _ := operationHeadline(op, time.Now())
+	if strings.Contains(asks, "nothing more happens") || !strings.Contains(asks, "next at 21:40:12") || !strings.Contains(asks, "on its own") {
+		t.Errorf("a re-ask due: %q", asks)
+	}
+	op.NextAttemptAt = nil
+	op.Steps[1].State = workflow.StepFailed
+	if refused, _, _ := operationHeadline(op, time.Now()); !strings.Contains(refused, "Nothing more happens on its own") {
+		t.Errorf("a refusal: %q", refused)
+	}
+}
