@@ -233,7 +233,7 @@ func (e *Engine) takeOverForCallback(ctx context.Context, tx pgx.Tx, def *Defini
 	taken.Steps = op.Steps
 	r := e.runner(def, taken, actor)
 	r.branch = BranchCallback
-	return r, r.event(ctx, tx, op.Status, "", said+": the callback takes the operation over to record it", sqlCallbackTakeOver)
+	return r, r.event(ctx, tx, op.Status, "", said+": the callback takes the operation over to record it", "workflow.sqlCallbackTakeOver")
 }
 
 // settleInbox writes what the callback did on its inbox row.

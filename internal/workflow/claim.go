@@ -138,7 +138,7 @@ func (e *Engine) claimSkipLocked(ctx context.Context, req recovery.ClaimRequest)
 		if err != nil {
 			return err
 		}
-		claims, err = recordClaims(ctx, tx, req, batch, sqlClaimSkipLocked)
+		claims, err = recordClaims(ctx, tx, req, batch, "workflow.sqlClaimSkipLocked")
 		return err
 	})
 	if err != nil {
@@ -178,7 +178,7 @@ func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimReques
 			if err != nil {
 				return err
 			}
-			got, err = recordClaims(ctx, tx, req, []claimed{c}, sqlClaimTransition)
+			got, err = recordClaims(ctx, tx, req, []claimed{c}, "workflow.sqlClaimTransition")
 			return err
 		})
 		if err != nil {
@@ -240,7 +240,7 @@ func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, bat
 	for i, c := range batch {
 		claims[i] = c.claim(req)
 		events[i] = event{op: c.op, from: c.was, actor: req.Actor, branch: BranchClaimed,
-			detail: "claimed for recovery: " + claims[i].Reason, statement: nameOf(statement)}
+			detail: "claimed for recovery: " + claims[i].Reason, statement: statement}
 	}
 	return claims, insertEvents(ctx, tx, events)
 }

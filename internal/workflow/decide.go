@@ -182,7 +182,7 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 		switch d.Resolution {
 		case ResolveDone:
 			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person confirmed that "+stuck.Name+" happened: marked done"+note, sqlDecide); err != nil {
+				"a person confirmed that "+stuck.Name+" happened: marked done"+note, "workflow.sqlDecide"); err != nil {
 				return err
 			}
 			if err := r.writeStep(ctx, tx, i, sqlStepDecided, StepDone, decided); err != nil {
@@ -192,10 +192,10 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 			if err != nil || next == nil {
 				return err
 			}
-			return r.transition(ctx, tx, sqlRetryRequested, "the rest is recovery's: "+r.record(next.index).Name+" is next")
+			return r.transition(ctx, tx, sqlRetryRequested, "workflow.sqlRetryRequested", "the rest is recovery's: "+r.record(next.index).Name+" is next")
 		case ResolveRetry:
 			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person asked for a retry: handed back to recovery, which asks "+database.Deref(stuck.System)+" first"+note, sqlDecide); err != nil {
+				"a person asked for a retry: handed back to recovery, which asks "+database.Deref(stuck.System)+" first"+note, "workflow.sqlDecide"); err != nil {
 				return err
 			}
 			if seen.CancelRequestedAt != nil && (!stuck.External() || def.effectStands(seen, i)) {
@@ -209,14 +209,14 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 					return fmt.Errorf("workflow: set the cancel aside: %w", err)
 				}
 				if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-					"the cancel requested by "+database.Deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", sqlCancelSetAside); err != nil {
+					"the cancel requested by "+database.Deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", "workflow.sqlCancelSetAside"); err != nil {
 					return err
 				}
 			}
-			return r.transition(ctx, tx, sqlRetryRequested, "handed back to recovery")
+			return r.transition(ctx, tx, sqlRetryRequested, "workflow.sqlRetryRequested", "handed back to recovery")
 		default:
 			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person marked "+stuck.Name+" failed: it did not happen and will not"+note, sqlDecide); err != nil {
+				"a person marked "+stuck.Name+" failed: it did not happen and will not"+note, "workflow.sqlDecide"); err != nil {
 				return err
 			}
 			if err := r.writeStep(ctx, tx, i, sqlStepDecided, StepFailed, decided); err != nil {

@@ -185,3 +185,14 @@ func (def *Definition) step(name string) (Step, bool) {
 	}
 	return Step{}, false
 }
+
+// compensation reports whether step name is one of the definition's
+// compensations: the cancel mark does not stop those.
+func (def *Definition) compensation(name string) bool {
+	for _, s := range def.Compensation {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}

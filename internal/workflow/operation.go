@@ -132,6 +132,18 @@ func (op Operation) current() int {
 	return len(op.Steps)
 }
 
+// cancelled reports whether the operation stopped for a cancel and is
+// compensating (a step of its run is CANCELLED): its end is FAILED, not
+// SUCCEEDED, once the compensations are done.
+func (op Operation) cancelled() bool {
+	for _, s := range op.Steps {
+		if s.State == StepCancelled {
+			return true
+		}
+	}
+	return false
+}
+
 // StepRecord is one step of one run, as the database has it.
 type StepRecord struct {
 	Position   int             `json:"position"`

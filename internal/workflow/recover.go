@@ -362,7 +362,7 @@ func (a *attempt) onUnknown(ctx context.Context, tx pgx.Tx, why string) error {
 	wait := a.budget.BackoffAfter(attempts)
 	detail := fmt.Sprintf("%s — attempt %d of %d; asking again in %s", why, attempts, a.budget.MaxAttempts, wait)
 	a.r.branch = BranchBackoff
-	return a.r.transition(ctx, tx, sqlBackOff, detail, why, wait.Seconds(), 1)
+	return a.r.transition(ctx, tx, sqlBackOff, "workflow.sqlBackOff", detail, why, wait.Seconds(), 1)
 }
 
 // result is how the attempt ended, read from the operation as written.
@@ -397,7 +397,7 @@ func (a *attempt) renew(ctx context.Context, i int, branch, detail string, wait 
 		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
 			return err
 		}
-		return a.r.transition(ctx, tx, sqlRenewLease, detail, (a.budget.Lease + wait).Seconds())
+		return a.r.transition(ctx, tx, sqlRenewLease, "workflow.sqlRenewLease", detail, (a.budget.Lease + wait).Seconds())
 	})
 }
 
@@ -434,7 +434,7 @@ func (a *attempt) backOff(ctx context.Context, i int, branch, why string, wait t
 		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
 			return err
 		}
-		return a.r.transition(ctx, tx, sqlBackOff, detail, why, wait.Seconds(), cost)
+		return a.r.transition(ctx, tx, sqlBackOff, "workflow.sqlBackOff", detail, why, wait.Seconds(), cost)
 	})
 	if err != nil {
 		return recovery.Result{Branch: branch}, err
@@ -537,7 +537,7 @@ func (a *attempt) takeBack(ctx context.Context, why string) (bool, error) {
 		if err := a.r.flushAsked(ctx, tx); err != nil {
 			return err
 		}
-		return a.r.event(ctx, tx, from, "", why, sqlTakeBack)
+		return a.r.event(ctx, tx, from, "", why, "workflow.sqlTakeBack")
 	})
 	return taken, err
 }

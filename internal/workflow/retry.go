@@ -275,7 +275,7 @@ func (e *Engine) RetryFrom(ctx context.Context, tx pgx.Tx, req RetryFromRequest,
 		detail += "; the cancel requested by " + database.Deref(seen.CancelRequestedBy) + " is set aside: a new run is not the cancelled one"
 	}
 	return seen, op, false, recordEvent(ctx, tx, event{op: op, from: seen.Status, actor: req.Actor, step: req.Step,
-		detail: detail, statement: nameOf(sqlRetryFrom)})
+		detail: detail, statement: "workflow.sqlRetryFrom"})
 }
 
 // orderSteps puts a run's steps in their order.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +18,10 @@ import (
 
 // This file is how an owner drives an operation forward: the local steps in
 // the transaction that reaches them, each external step's SENT before its
-// call and its outcome after, every write fenced by the owner token. The
-// request that starts an operation and the recovery worker that resumes it
-// run this same code.
+// call and its outcome after, every write fenced by the owner token — and
+// where it stops when a person asked to cancel (cancelAt; the request that
+// marks it is cancel.go's). The request that starts an operation and the
+// recovery worker that resumes it run this same code.
 
 // pending is an external step recorded SENT whose call is to be made.
 type pending struct {
@@ -91,7 +93,7 @@ func (r *runner) insertSteps(ctx context.Context, tx pgx.Tx) error {
 	if r.op.Run > 1 {
 		detail = fmt.Sprintf("requested again: run %d, new step keys", r.op.Run)
 	}
-	return r.event(ctx, tx, "", r.def.Steps[0].Name, detail, sqlInsertSteps)
+	return r.event(ctx, tx, "", r.def.Steps[0].Name, detail, "workflow.sqlInsertSteps")
 }
 
 // advance runs, in tx, the steps from the first one not DONE: each local
@@ -123,7 +125,7 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 			if err != nil {
 				return nil, fmt.Errorf("workflow: step %s: %w", rec.Name, err)
 			}
-			if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" done: "+detail, sqlStepsDone); err != nil {
+			if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" done: "+detail, "workflow.sqlStepsDone"); err != nil {
 				return nil, err
 			}
 			r.crash(ctx, crashAfter(rec.Name))
@@ -142,7 +144,7 @@ func (r *runner) advance(ctx context.Context, tx pgx.Tx, send bool) (*pending, e
 		if p != nil {
 			return p, nil
 		}
-		if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" skipped: "+skippedWhy, sqlStepSkipped); err != nil {
+		if err := r.event(ctx, tx, r.op.Status, rec.Name, rec.Name+" skipped: "+skippedWhy, "workflow.sqlStepSkipped"); err != nil {
 			return nil, err
 		}
 	}
@@ -215,7 +217,7 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 	rec = r.record(i)
 	detail := fmt.Sprintf("%s sent to %s: key %s, attempt %d, deadline %s", rec.Name, *rec.System, rec.Key, rec.Attempts,
 		deadline.UTC().Format("15:04:05.000"))
-	if err := r.event(ctx, tx, r.op.Status, rec.Name, detail, sqlStepSent); err != nil {
+	if err := r.event(ctx, tx, r.op.Status, rec.Name, detail, "workflow.sqlStepSent"); err != nil {
 		return nil, "", err
 	}
 	return &pending{index: i, step: st, callID: callID, deadline: deadline, request: request}, "", nil
@@ -340,7 +342,7 @@ func (r *runner) finishStep(ctx context.Context, tx pgx.Tx, i int, state string,
 		return err
 	}
 	rec := r.record(i)
-	return r.event(ctx, tx, r.op.Status, rec.Name, fmt.Sprintf("%s %s: %s", rec.Name, state, why), sqlStepAnswered)
+	return r.event(ctx, tx, r.op.Status, rec.Name, fmt.Sprintf("%s %s: %s", rec.Name, state, why), "workflow.sqlStepAnswered")
 }
 
 // refuse is what a definite refusal of step i means: FAILED (the earlier
@@ -373,12 +375,144 @@ func (r *runner) undoAndFail(ctx context.Context, tx pgx.Tx, i int, why string) 
 	return r.fail(ctx, tx, why)
 }
 
+// Stopping at a cancel mark (cancel.go tells the whole idea).
+
+// errCancelled is a begin-step write refused by the cancel mark; the
+// runner stops there (cancelAt). It never leaves the runner.
+var errCancelled = errors.New("workflow: a cancel was requested")
+
+// The outcomes of a cancel, as counted in idemlab_workflow_cancels_total.
+const (
+	CancelStopped     = "stopped"      // nothing done elsewhere stood: stopped, the earlier steps undone, FAILED
+	CancelCompensated = "compensating" // what was done elsewhere is being undone by the Compensation steps
+	CancelToPerson    = "to_person"    // what was done elsewhere stands and nothing undoes it: a person decides
+)
+
+// cancelAt stops the operation at step i, in tx, once a begin-step write
+// there was refused by the cancel mark. Step i and those after it have not
+// begun — or step i is known never to have taken effect (NOT_STARTED after
+// every deadline) — so none of them will run. What happens then depends on
+// what the earlier steps did elsewhere. It returns the next call to make
+// (a compensation's), if any.
+func (r *runner) cancelAt(ctx context.Context, tx pgx.Tx, i int) (*pending, error) {
+	var by string
+	err := tx.QueryRow(ctx, `
+		SELECT cancel_requested_by
+		  FROM operations
+		 WHERE id = $1
+		   AND owner_token = $2 -- still ours
+		   FOR UPDATE`, r.op.ID, r.token).Scan(&by)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrLeaseLost
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workflow: cancel of operation %d: %w", r.op.ID, err)
+	}
+	var stands []string // the earlier external steps whose effect stands elsewhere
+	for j := 0; j < i; j++ {
+		if rec := r.record(j); rec.External() && rec.State == StepDone && rec.SentAt != nil {
+			stands = append(stands, rec.Name+" ("+*rec.System+")")
+		}
+	}
+	stopped := r.record(i).Name
+	switch {
+	case len(stands) == 0:
+		r.e.metrics.cancels.WithLabelValues(r.def.Type, CancelStopped).Inc()
+		if err := r.cancelSteps(ctx, tx, i); err != nil {
+			return nil, err
+		}
+		return nil, r.undoAndFail(ctx, tx, i, fmt.Sprintf("cancelled by %s before %s: nothing had been done elsewhere", by, stopped))
+	case len(r.def.Compensation) > 0:
+		r.e.metrics.cancels.WithLabelValues(r.def.Type, CancelCompensated).Inc()
+		if err := r.cancelSteps(ctx, tx, i); err != nil {
+			return nil, err
+		}
+		if err := r.insertCompensation(ctx, tx); err != nil {
+			return nil, err
+		}
+		if err := r.event(ctx, tx, r.op.Status, stopped, fmt.Sprintf("cancelled by %s before %s; %s had already taken effect, "+
+			"so it is undone: %s", by, stopped, strings.Join(stands, ", "), r.compensationNames()), "workflow.sqlStepsCancelled"); err != nil {
+			return nil, err
+		}
+		return r.advance(ctx, tx, true)
+	default:
+		r.e.metrics.cancels.WithLabelValues(r.def.Type, CancelToPerson).Inc()
+		return nil, r.reconcile(ctx, tx, nil, fmt.Sprintf("cancelled by %s before %s, but %s had already taken effect "+
+			"and nothing undoes it automatically", by, stopped, strings.Join(stands, ", ")))
+	}
+}
+
+// sqlStepsCancelled marks step $4 (by position) and every later one not
+// begun CANCELLED. Step $4 itself may be SENT or UNKNOWN only when it is
+// known never to have taken effect (the caller's rule).
+const sqlStepsCancelled = ownerCTE + `
+UPDATE operation_steps s
+   SET state = 'CANCELLED',
+       updated_at = now()
+  FROM owner
+ WHERE s.operation_id = owner.id
+   AND s.run = $3
+   AND (s.position > $4 AND s.state = 'PENDING'
+        OR s.position = $4 AND s.state IN ('PENDING', 'SENT', 'UNKNOWN'))
+RETURNING ` + stepColumns
+
+func (r *runner) cancelSteps(ctx context.Context, tx pgx.Tx, i int) error {
+	rows, err := tx.Query(ctx, sqlStepsCancelled, r.op.ID, r.token, r.op.Run, r.record(i).Position)
+	if err != nil {
+		return fmt.Errorf("workflow: cancel steps: %w", err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
+	if err != nil {
+		return fmt.Errorf("workflow: cancel steps: %w", err)
+	}
+	if len(steps) == 0 {
+		return r.whyNoRows(ctx, tx, "no step left to cancel")
+	}
+	for _, got := range steps {
+		for j := range r.op.Steps {
+			if r.op.Steps[j].Name == got.Name {
+				r.op.Steps[j] = got
+			}
+		}
+	}
+	return nil
+}
+
+// insertCompensation lays out the definition's compensation steps after
+// the run's steps, PENDING, each under its own step key.
+func (r *runner) insertCompensation(ctx context.Context, tx pgx.Tx) error {
+	last := r.record(len(r.op.Steps) - 1).Position
+	for k, s := range r.def.Compensation {
+		var system *string
+		if s.Call != nil {
+			system = ptr(s.Call.System())
+		}
+		rec, err := scanStep(tx.QueryRow(ctx, `
+			INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state)
+			VALUES ($1, $2, $3, $4, $5, $6, 'PENDING')
+			RETURNING `+stepColumns, r.op.ID, r.op.Run, last+1+k, s.Name, StepKey(r.op.ID, s.Name, r.op.Run), system))
+		if err != nil {
+			return fmt.Errorf("workflow: insert compensation %s: %w", s.Name, err)
+		}
+		r.op.Steps = append(r.op.Steps, rec)
+	}
+	return nil
+}
+
+func (r *runner) compensationNames() string {
+	names := make([]string, len(r.def.Compensation))
+	for k, s := range r.def.Compensation {
+		names[k] = s.Name
+	}
+	return strings.Join(names, " then ")
+}
+
 // handOver is a request's answer to an unknown outcome: the operation stays
 // IN_PROGRESS — missing information, not a failure — with its lease ended
 // now, so the recovery loop claims it at its next pass instead of waiting
 // for the lease to run out.
 func (r *runner) handOver(ctx context.Context, tx pgx.Tx, why string) error {
-	return r.transition(ctx, tx, sqlHandOver, "outcome unknown, handed to recovery: "+why, why)
+	return r.transition(ctx, tx, sqlHandOver, "workflow.sqlHandOver", "outcome unknown, handed to recovery: "+why, why)
 }
 
 // The step writes. Each locks the operation row as its owner in the same
@@ -619,22 +753,23 @@ UPDATE operations
        updated_at = now()` + opFence
 
 func (r *runner) succeed(ctx context.Context, tx pgx.Tx) error {
-	return r.transition(ctx, tx, sqlSucceed, "every step done")
+	return r.transition(ctx, tx, sqlSucceed, "workflow.sqlSucceed", "every step done")
 }
 
 func (r *runner) fail(ctx context.Context, tx pgx.Tx, why string) error {
-	return r.transition(ctx, tx, sqlFail, "failed: "+why, why)
+	return r.transition(ctx, tx, sqlFail, "workflow.sqlFail", "failed: "+why, why)
 }
 
 // reconcile hands the operation to a person, with why and the timeline as
 // evidence. reaskAt is when recovery asks the truth again (nil: never).
 func (r *runner) reconcile(ctx context.Context, tx pgx.Tx, reaskAt *time.Time, why string) error {
-	return r.transition(ctx, tx, sqlReconcile, "a person must decide: "+why, why, reaskAt)
+	return r.transition(ctx, tx, sqlReconcile, "workflow.sqlReconcile", "a person must decide: "+why, why, reaskAt)
 }
 
-// transition runs one fenced operation write (arguments after the
-// operation and token) and records its event with detail.
-func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, args ...any) error {
+// transition runs one fenced operation write, sql (arguments after the
+// operation and token), and records its event with detail, naming the
+// statement by name.
+func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, name, detail string, args ...any) error {
 	from := r.op.Status
 	args = append([]any{r.op.ID, r.token}, args...)
 	op, err := scanOperation(tx.QueryRow(ctx, sql, args...))
@@ -646,18 +781,20 @@ func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, detail string, 
 	}
 	op.Steps = r.op.Steps
 	r.op = op
-	return r.event(ctx, tx, from, "", detail, sql)
+	return r.event(ctx, tx, from, "", detail, name)
 }
 
 // event notes a line for the timeline: the transition from from (equal to
 // the status now for a step's progress), about step ("" for the operation
-// as a whole), made by statement sql ("" for none: the line names it,
-// statements.go). The lines are written together, by flush, at the end of
-// the transaction that made them — so the timeline never shows what rolled
-// back, and a transaction of six steps costs one insert, not six.
-func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, sql string) error {
+// as a whole), made by the statement called statement — the Go constant
+// that holds it, "workflow.sqlStepSent" ("" for none; statements.go
+// resolves a name to its text for the pages). The lines are written
+// together, by flush, at the end of the transaction that made them — so
+// the timeline never shows what rolled back, and a transaction of six steps
+// costs one insert, not six.
+func (r *runner) event(_ context.Context, _ pgx.Tx, from, step, detail, statement string) error {
 	r.events = append(r.events, event{op: r.op, from: from, actor: r.actor, branch: r.branch, step: step,
-		detail: detail, statement: nameOf(sql)})
+		detail: detail, statement: statement})
 	return nil
 }
 
