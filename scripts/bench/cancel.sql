@@ -11,6 +11,9 @@
 -- marked DONE together, mark_cancelled's UPDATE returns the refund owed
 -- (read once). Left out, because they write nothing: the
 -- bearer-token lookup, the key lookup, the fakes' fault and status lookups.
+-- pgbench cannot COPY: the app lays a run's steps out with COPY (one WAL
+-- record for a page of rows), the floor with INSERT … SELECT (one per row),
+-- so the floor writes about five WAL records more than the app there.
 -- The floor is of the commits and the writes; the events' delivery (relay,
 -- consumers) is not in it: the app's run to compare with delivers them in
 -- another process (EVENTS_WORKERS=off, `web events`).
@@ -37,31 +40,38 @@ SELECT id, 'CANCEL', user_id, 'pgbench-cancel-' || :pid::bigint, 'pgbench', 'IN_
  WHERE id = :pid::bigint AND user_id = :uid::bigint AND status = 'ACTIVE'
     ON CONFLICT (policy_id, operation_type) DO NOTHING
 RETURNING id AS opid, owner_token AS op_token \gset
-INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at)
+INSERT INTO operation_steps (operation_id, run, position, name, step_key, system, state, finished_at, updated_at)
 SELECT :opid::bigint, 1, s.position, s.name, :opid::text || ':' || s.name, s.system,
-       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, CASE WHEN s.position = 1 THEN now() END
+       CASE WHEN s.position = 1 THEN 'DONE' ELSE 'PENDING' END, CASE WHEN s.position = 1 THEN now() END, now()
   FROM (VALUES (1, 'record_intent', NULL), (2, 'provider_cancel', 'provider'), (3, 'mark_cancelled', NULL),
                (4, 'publish_event', NULL), (5, 'refund', 'payments'), (6, 'audit', NULL)) AS s(position, name, system);
-WITH owner AS (
-    UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
+WITH owner AS ( -- the lease is renewed only when less than half a lease would be left at the deadline
+    SELECT id, lease_expires_at < now() + interval '2 seconds' + interval '15 seconds' AS short FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id),
+       AND cancel_requested_at IS NULL
+       FOR UPDATE),
+renewed AS (
+    UPDATE operations o SET lease_expires_at = now() + interval '30 seconds' FROM owner WHERE o.id = owner.id AND owner.short),
 sent AS (
     UPDATE operation_steps s
-       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
-           request = coalesce(s.request, '{"policy_id": 1, "reason": "pgbench"}'), updated_at = now()
+       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = greatest(s.deadline_at, now() + interval '2 seconds'),
+           sent_at = clock_timestamp(), request = coalesce(s.request, '{"policy_id": 1, "reason": "pgbench"}'),
+           traceparent = coalesce('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', s.traceparent), updated_at = now()
       FROM owner
      WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN')
     RETURNING s.*),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request, at)
+    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request, sent_at
       FROM sent
     RETURNING id)
 SELECT recorded.id AS call1, sent.state FROM sent, recorded \gset
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
-SELECT :opid::bigint, NULL, 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
-  FROM unnest(ARRAY['record_intent', 'provider_cancel']) AS s;
+INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail,
+                                statement, branch, step)
+SELECT :opid::bigint, l.ids[1], l.ids, ARRAY[NULL, 'IN_PROGRESS']::text[], ARRAY['IN_PROGRESS', 'IN_PROGRESS'],
+       ARRAY['pgbench', 'pgbench'], ARRAY[:op_token::uuid, :op_token::uuid],
+       ARRAY['requested', 'sent (attempt 1)'], ARRAY['insert_steps', 'step_sent'], NULL, ARRAY['record_intent', 'provider_cancel']
+  FROM (SELECT ARRAY[nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq')] AS ids) AS l;
 COMMIT;
 
 -- 2. The provider records the request and applies the effect (fake.receive).
@@ -76,24 +86,25 @@ COMMIT;
 -- 3. The provider's outcome, mark_cancelled, publish_event, refund SENT.
 BEGIN;
 WITH owner AS (
-    UPDATE operations SET updated_at = now()
+    SELECT id FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id),
+       FOR UPDATE),
 answered AS (
-    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = clock_timestamp(), updated_at = now()
       FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'provider_cancel' AND s.state IN ('SENT', 'UNKNOWN')
     RETURNING s.*),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-    SELECT operation_id, step_key, 'answer', :call1::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms, at)
+    SELECT operation_id, step_key, 'answer', :call1::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'provider confirmed', 5, finished_at
       FROM answered)
 SELECT state FROM answered;
 -- the two local steps that follow, marked DONE together
 WITH owner AS (
-    UPDATE operations SET updated_at = now()
+    SELECT id FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id)
-UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
+       AND cancel_requested_at IS NULL
+       FOR UPDATE)
+UPDATE operation_steps s SET state = 'DONE', finished_at = (SELECT clock_timestamp()), updated_at = now()
   FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = ANY (ARRAY['mark_cancelled', 'publish_event'])
    AND s.state = 'PENDING';
 -- the policy CANCELLED, returning what it refunds (read once, for the event and the refund)
@@ -109,26 +120,33 @@ WITH place AS ( -- the aggregate's next place, as events.Writer takes it (per-ag
       FROM events_config c, place
     RETURNING transport, created_at)
 SELECT transport, created_at, pg_notify('idemlab_outbox', transport) FROM written;
-WITH owner AS (
-    UPDATE operations SET lease_expires_at = greatest(lease_expires_at, now() + interval '30 seconds'), updated_at = now()
+WITH owner AS ( -- the lease is renewed only when less than half a lease would be left at the deadline
+    SELECT id, lease_expires_at < now() + interval '2 seconds' + interval '15 seconds' AS short FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id),
+       AND cancel_requested_at IS NULL
+       FOR UPDATE),
+renewed AS (
+    UPDATE operations o SET lease_expires_at = now() + interval '30 seconds' FROM owner WHERE o.id = owner.id AND owner.short),
 sent AS (
     UPDATE operation_steps s
-       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = now() + interval '2 seconds', sent_at = now(),
-           request = coalesce(s.request, '{"policy_id": 1, "amount_cents": 100}'), updated_at = now()
+       SET state = 'SENT', attempts = s.attempts + 1, deadline_at = greatest(s.deadline_at, now() + interval '2 seconds'),
+           sent_at = clock_timestamp(), request = coalesce(s.request, '{"policy_id": 1, "amount_cents": 100}'),
+           traceparent = coalesce('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', s.traceparent), updated_at = now()
       FROM owner
      WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('PENDING', 'SENT', 'UNKNOWN')
     RETURNING s.*),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request)
-    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request
+    INSERT INTO operation_calls (operation_id, step_key, kind, system, actor, owner_token, attempt, deadline_at, request, at)
+    SELECT operation_id, step_key, 'call', system, 'pgbench', :op_token::uuid, attempts, now() + interval '2 seconds', request, sent_at
       FROM sent
     RETURNING id)
 SELECT recorded.id AS call2, sent.state FROM sent, recorded \gset
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
-SELECT :opid::bigint, 'IN_PROGRESS', 'IN_PROGRESS', 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s
-  FROM unnest(ARRAY['provider_cancel', 'mark_cancelled', 'publish_event', 'refund']) AS s;
+INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail,
+                                statement, branch, step)
+SELECT :opid::bigint, l.ids[1], l.ids, ARRAY['IN_PROGRESS', 'IN_PROGRESS', 'IN_PROGRESS', 'IN_PROGRESS']::text[], ARRAY['IN_PROGRESS', 'IN_PROGRESS', 'IN_PROGRESS', 'IN_PROGRESS'],
+       ARRAY['pgbench', 'pgbench', 'pgbench', 'pgbench'], ARRAY[:op_token::uuid, :op_token::uuid, :op_token::uuid, :op_token::uuid],
+       ARRAY['provider confirmed', 'policy cancelled', 'policy.cancelled written', 'sent (attempt 1)'], ARRAY['step_answered', 'steps_done', 'steps_done', 'step_sent'], NULL, ARRAY['provider_cancel', 'mark_cancelled', 'publish_event', 'refund']
+  FROM (SELECT ARRAY[nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq')] AS ids) AS l;
 COMMIT;
 
 -- 4. The payments service records the refund and moves the money (fake receiveRefund).
@@ -144,32 +162,36 @@ COMMIT;
 --    answer — one commit (the workflow with the handler's Finish).
 BEGIN;
 WITH owner AS (
-    UPDATE operations SET updated_at = now()
+    SELECT id FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id),
+       FOR UPDATE),
 answered AS (
-    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = now(), updated_at = now()
+    UPDATE operation_steps s SET state = 'DONE', truth = 'COMPLETED', answer = '{"outcome": "confirmed"}', finished_at = clock_timestamp(), updated_at = now()
       FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'refund' AND s.state IN ('SENT', 'UNKNOWN')
     RETURNING s.*),
 recorded AS (
-    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms)
-    SELECT operation_id, step_key, 'answer', :call2::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'payments confirmed', 5
+    INSERT INTO operation_calls (operation_id, step_key, kind, call_id, system, actor, owner_token, outcome, truth, detail, took_ms, at)
+    SELECT operation_id, step_key, 'answer', :call2::bigint, system, 'pgbench', :op_token::uuid, 'confirmed', 'COMPLETED', 'payments confirmed', 5, finished_at
       FROM answered)
 SELECT state FROM answered;
 WITH owner AS (
-    UPDATE operations SET updated_at = now()
+    SELECT id FROM operations
      WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING')
-    RETURNING id)
-UPDATE operation_steps s SET state = 'DONE', finished_at = now(), updated_at = now()
+       AND cancel_requested_at IS NULL
+       FOR UPDATE)
+UPDATE operation_steps s SET state = 'DONE', finished_at = (SELECT clock_timestamp()), updated_at = now()
   FROM owner WHERE s.operation_id = owner.id AND s.run = 1 AND s.name = 'audit' AND s.state = 'PENDING';
 INSERT INTO audit_entries (operation_id, step_key, actor, summary, facts)
 VALUES (:opid::bigint, :opid::text || ':' || 'audit', 'pgbench', 'policy cancelled', '{"policy_id": 1}');
 UPDATE operations
-   SET status = 'SUCCEEDED', released = NULL, next_attempt_at = NULL, last_error = NULL, finished_at = now(), updated_at = now()
+   SET status = 'SUCCEEDED', released = NULL, next_attempt_at = NULL, last_error = NULL, finished_at = clock_timestamp(), updated_at = now()
  WHERE id = :opid::bigint AND owner_token = :op_token::uuid AND status IN ('IN_PROGRESS', 'RECOVERING');
-INSERT INTO operation_events (operation_id, from_status, to_status, actor, owner_token, detail, statement, step)
-SELECT :opid::bigint, 'IN_PROGRESS', s.to_status, 'pgbench', :op_token::uuid, repeat('-', 30), repeat('-', 500), s.step
-  FROM (VALUES ('IN_PROGRESS', 'refund'), ('IN_PROGRESS', 'audit'), ('SUCCEEDED', NULL)) AS s(to_status, step);
+INSERT INTO operation_timeline (operation_id, id, line_ids, from_status, to_status, actor, owner_token, detail,
+                                statement, branch, step)
+SELECT :opid::bigint, l.ids[1], l.ids, ARRAY['IN_PROGRESS', 'IN_PROGRESS', 'IN_PROGRESS']::text[], ARRAY['IN_PROGRESS', 'IN_PROGRESS', 'SUCCEEDED'],
+       ARRAY['pgbench', 'pgbench', 'pgbench'], ARRAY[:op_token::uuid, :op_token::uuid, :op_token::uuid],
+       ARRAY['payments confirmed', 'audit entry written', 'every step done'], ARRAY['step_answered', 'steps_done', 'succeed'], NULL, ARRAY['refund', 'audit', NULL]
+  FROM (SELECT ARRAY[nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq'), nextval('operation_timeline_line_seq')] AS ids) AS l;
 UPDATE idempotency_keys
    SET status = 'COMPLETED', response_status = 200,
        response_headers = '{"Content-Type": ["application/json"]}',
