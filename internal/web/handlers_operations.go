@@ -342,6 +342,9 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 		case slots.OperationCancelDeposit:
 			return "Finished without cancelling the booking: the refund was refused, so the booking stands — nothing was left half done.", "", nil
 		}
+		if howFailed(op, policies.StepProviderCancel) == "a person" {
+			return "Finished without cancelling: a person found the provider never applied it and marked it failed — nothing was left half done.", "", nil
+		}
 		return "Finished without cancelling: it was refused, and nothing was left half done.", "", nil
 	case workflow.StatusNeedsReconciliation:
 		// The step it stopped at, as the desk's card names it.

@@ -116,3 +116,42 @@ func TestWaitingForAPersonSaysWhetherRecoveryStillAsks(t *testing.T) {
 		t.Errorf("a refusal: %q", refused)
 	}
 }
+
+// A customer is told the reason that happened (the fresh reader's finding
+// 10): a deposit whose charge payments never received was "declined", a
+// cancellation a person marked failed was "refused", a refund payments
+// refused "could not be confirmed".
+func TestCustomersAreToldTheReasonThatHappened(t *testing.T) {
+	truth := func(s string) *string { return &s }
+	payments, provider, failed := "payments", "provider", "failed"
+	for _, tc := range []struct {
+		op         workflow.Operation
+		want, not  string
+		headlineIs string
+	}{
+		{workflow.Operation{Type: slots.OperationBookDeposit, Status: workflow.StatusFailed, LastError: &failed, Steps: []workflow.StepRecord{
+			{Name: slots.StepChargeDeposit, System: &payments, State: workflow.StepFailed, Truth: truth("NOT_STARTED")}}},
+			"never received the deposit's charge", "declined", ""},
+		{workflow.Operation{Type: slots.OperationBookDeposit, Status: workflow.StatusFailed, LastError: &failed, Steps: []workflow.StepRecord{
+			{Name: slots.StepChargeDeposit, System: &payments, State: workflow.StepFailed, Truth: truth("REJECTED")}}},
+			"The deposit was declined", "never received", ""},
+		{workflow.Operation{Type: policies.OperationCancel, PolicyID: 1, Status: workflow.StatusFailed, LastError: &failed, Steps: []workflow.StepRecord{
+			{Name: policies.StepProviderCancel, System: &provider, State: workflow.StepFailed, Truth: truth("NOT_STARTED"),
+				Answer: []byte(`{"decided_by": "admin", "decision": "mark_failed", "note": ""}`)}}},
+			"A person found the provider never cancelled", "refused", "a person found the provider never applied it"},
+		{workflow.Operation{Type: policies.OperationCancel, PolicyID: 1, Status: workflow.StatusNeedsReconciliation, LastError: &failed, Steps: []workflow.StepRecord{
+			{Name: policies.StepProviderCancel, System: &provider, State: workflow.StepDone, Truth: truth("COMPLETED")},
+			{Name: policies.StepRefund, System: &payments, State: workflow.StepFailed, Truth: truth("REJECTED")}}},
+			"payments refused the refund", "could not be confirmed", ""},
+	} {
+		got := *customerOperation(tc.op).LastError
+		if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
+			t.Errorf("%s %s: %q, want %q and not %q", tc.op.Type, tc.op.Status, got, tc.want, tc.not)
+		}
+		if tc.headlineIs != "" {
+			if h, _, _ := operationHeadline(tc.op, time.Now()); !strings.Contains(h, tc.headlineIs) || strings.Contains(h, "refused") {
+				t.Errorf("headline %q", h)
+			}
+		}
+	}
+}

@@ -429,6 +429,9 @@ func (app *App) handleBookingPage(c echo.Context) error {
 			return err
 		}
 		vm.Saga = &detail
+		if op.Type == slots.OperationBookDeposit && op.Status == workflow.StatusFailed {
+			vm.NotCharged = depositNotCharged(op)
+		}
 	}
 	cancelling := len(ops) > 0 && ops[len(ops)-1].Type == slots.OperationCancelDeposit && !ops[len(ops)-1].Terminal()
 	if b.Status == slots.BookingConfirmed && !cancelling {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -86,6 +87,9 @@ func customerOperation(op workflow.Operation) workflow.Operation {
 		s, ok := summaries[op.Status]
 		if !ok {
 			s = "The cancellation met a problem; it is being looked after."
+		}
+		if why := whyNotDone(op); why != "" { // the summary's reason, from the facts
+			s = why
 		}
 		op.LastError = &s
 	}
@@ -205,4 +209,50 @@ func customerTimeline(events []workflow.Event) []workflow.Event {
 		out[i] = e
 	}
 	return out
+}
+
+// howFailed says how step name of op ended FAILED: "refused" (its system
+// said REJECTED), "never received" (NOT_STARTED once every deadline had
+// passed) or "a person" (marked failed on the desk); "" when it did not fail.
+func howFailed(op workflow.Operation, name string) string {
+	st, ok := op.Step(name)
+	if !ok || st.State != workflow.StepFailed {
+		return ""
+	}
+	var answer map[string]any
+	if json.Unmarshal(st.Answer, &answer) == nil && answer["decided_by"] != nil {
+		return "a person"
+	}
+	if st.Truth != nil && *st.Truth == string(external.TruthNotStarted) {
+		return "never received"
+	}
+	return "refused"
+}
+
+// depositNotCharged says why a deposit booking ended FAILED, in a
+// customer's words: the booking page and the answer's summary say the same.
+func depositNotCharged(op workflow.Operation) string {
+	switch howFailed(op, slots.StepChargeDeposit) {
+	case "never received":
+		return "The payments service never received the deposit's charge"
+	case "a person":
+		return "A person found the deposit was not charged"
+	}
+	return "The deposit was declined"
+}
+
+// whyNotDone is a customer's summary where the status alone would give the
+// wrong reason (the fresh reader's finding 10: "declined" for a charge never
+// received, "refused" for a cancellation a person marked failed, "could
+// not be confirmed" for a refund payments refused); "" where it would not.
+func whyNotDone(op workflow.Operation) string {
+	switch {
+	case op.Type == slots.OperationBookDeposit && op.Status == workflow.StatusFailed:
+		return depositNotCharged(op) + ", so the hold was released. Nothing was charged; you may try again."
+	case op.Type == policies.OperationCancel && op.Status == workflow.StatusFailed && howFailed(op, policies.StepProviderCancel) == "a person":
+		return "A person found the provider never cancelled the policy; nothing was changed. You may try again."
+	case op.Type == policies.OperationCancel && op.Status == workflow.StatusNeedsReconciliation && howFailed(op, policies.StepRefund) == "refused":
+		return "The policy is cancelled; payments refused the refund, and a person is seeing to it."
+	}
+	return ""
 }
