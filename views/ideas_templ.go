@@ -65,14 +65,14 @@ func retryNotRecoveryContent() templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "<div class=\"grid ideas\" data-testid=\"retry-vs-recovery\"><article data-testid=\"idea-retry\"><header><strong>Retry</strong></header><dl class=\"facts\"><dt>What it repeats</dt><dd>A request, under the same key: after a timeout, a dropped connection, a <code>409 request-in-progress</code> or this app's own <code>503</code>. The client need not know what happened to the first: the key makes the repeat safe either way.</dd><dt>Who does it</dt><dd>The client, with the same <code>Idempotency-Key</code>; it knows nothing more than it did the first time.</dd><dt>What makes it safe</dt><dd>The key: a repeat finds the stored answer and is given it, byte for byte, or finds the work owned and is told to come back (<code>409</code> with <code>Retry-After</code>). A second key for the same intent is stopped by <code>UNIQUE(policy_id, operation_type)</code>.</dd><dt>What it must never do</dt><dd>Come under a new key (then only <code>UNIQUE(policy_id, operation_type)</code> stands between it and a second operation) — or, inside the app, send a call to another system again blind: a timeout or a <code>503</code> from the provider is an unknown outcome, not a failure, and the call may have been applied. That is recovery's to settle.</dd><dt>Where it happens</dt><dd><a href=\"/policies\">a policy's page</a> (the double-click lab: one key, then two) · <a href=\"/labs/claim\">lab: three copies of one request</a> · <a href=\"/labs/fencing\">lab: a retry takes over a key</a></dd></dl></article><article data-testid=\"idea-recovery\"><header><strong>Recovery</strong></header><dl class=\"facts\"><dt>What it repeats</dt><dd>Nothing, until it knows: it reconstructs what happened to an operation left <code>IN_PROGRESS</code> by a timeout, a crash or a lost answer, then continues from the first step not <code>DONE</code>.</dd><dt>Who does it</dt><dd>The recovery loop of any instance, once the operation was handed over or its owner's lease ran out; it claims the operation with a new owner token.</dd><dt>What makes it safe</dt><dd>It asks the step's system about the step's key first. <code>COMPLETED</code>: finish locally, no second call. <code>NOT_STARTED</code>: the same call, with the same key, only once every earlier call's deadline has passed. Unknown: poll, back off, or hand it to a person. Every write is fenced by the owner token.</dd><dt>What it must never do</dt><dd>Read a failed status query as <code>NOT_STARTED</code>, or call blindly a system it does not believe idempotent.</dd><dt>Where it happens</dt><dd><a href=\"/recovery\">Recovery</a> (the loops, live) · an operation's page (its timeline: claimed, asked, finished) · <a href=\"/labs/timeouts\">lab: the three timeouts, for real</a> · <a href=\"/reconciliation\">Reconciliation</a> (what no loop could settle)</dd></dl></article></div><p>Recovery may end by sending the call again — but only after the system has said it never received it, and under the same key, so a system that did receive it applies nothing new. That resend is the one retry recovery makes, and it is earned by asking. More:")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "<div class=\"grid ideas\" data-testid=\"retry-vs-recovery\"><article data-testid=\"idea-retry\"><header><strong>Retry</strong></header><dl class=\"facts\"><dt>What it repeats</dt><dd>A request, under the same key: after a timeout, a dropped connection, a <code>409 request-in-progress</code> or this app's own <code>503</code>. The client need not know what happened to the first: the key makes the repeat safe either way.</dd><dt>Who does it</dt><dd>The client, with the same <code>Idempotency-Key</code>; it knows nothing more than it did the first time.</dd><dt>What makes it safe</dt><dd>The key: a repeat finds the stored answer and is given it, byte for byte, or finds the work owned and is told to come back (<code>409</code> with <code>Retry-After</code>). A second key for the same intent is stopped by <code>UNIQUE(policy_id, operation_type)</code>.</dd><dt>What it must never do</dt><dd>Come under a new key (then only <code>UNIQUE(policy_id, operation_type)</code> stands between it and a second operation) — or, inside the app, send a call to another system again blind: a timeout or a <code>503</code> from the provider is an unknown outcome, not a failure, and the call may have been applied. That is recovery's to settle.</dd><dt>Where it happens</dt><dd><a href=\"/policies\">a policy's page</a> (the double-click lab: one key, then two) · <a href=\"/labs/claim\">lab: three copies of one request</a> · <a href=\"/labs/fencing\">lab: a retry takes over a key</a></dd></dl></article><article data-testid=\"idea-recovery\"><header><strong>Recovery</strong></header><dl class=\"facts\"><dt>What it repeats</dt><dd>Nothing, until it knows: it reconstructs what happened to an operation left <code>IN_PROGRESS</code> by a timeout, a crash or a lost answer, then continues from the first step not <code>DONE</code>.</dd><dt>Who does it</dt><dd>The recovery loop of any instance, once the operation was handed over or its owner's lease ran out; it claims the operation with a new owner token.</dd><dt>What makes it safe</dt><dd>It asks the step's system about the step's key first. <code>COMPLETED</code>: finish locally, no second call. <code>NOT_STARTED</code>: the same call, with the same key, only once every earlier call's deadline has passed. <code>RUNNING</code>: poll, then back off and ask again later, whatever the belief — the system has the call. No answer to the question at all: the same call again only if the system is believed idempotent, else back off and, at the end of its attempts, hand it to a person. Every write is fenced by the owner token.</dd><dt>What it must never do</dt><dd>Read a failed status query as <code>NOT_STARTED</code>, or call blindly a system it does not believe idempotent.</dd><dt>Where it happens</dt><dd><a href=\"/recovery\">Recovery</a> (the loops, live) · an operation's page (its timeline: claimed, asked, finished) · <a href=\"/labs/timeouts\">lab: the three timeouts, for real</a> · <a href=\"/reconciliation\">Reconciliation</a> (what no loop could settle)</dd></dl></article></div><p>Recovery may end by sending the call again, always under the same key: after the system has said it never received it — earned by asking — or, when the system cannot be asked at all, only if it is believed idempotent, so that a call it did receive applies nothing new. A system not believed idempotent is never called blind: recovery asks again later, and a person decides at the end. More:")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		var templ_7745c5c3_Var3 string
 		templ_7745c5c3_Var3, templ_7745c5c3_Err = templ.JoinStringErrs(" ")
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 63, Col: 56}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 64, Col: 86}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var3))
 		if templ_7745c5c3_Err != nil {
@@ -89,7 +89,7 @@ func retryNotRecoveryContent() templ.Component {
 		var templ_7745c5c3_Var4 string
 		templ_7745c5c3_Var4, templ_7745c5c3_Err = templ.JoinStringErrs(" ")
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 64, Col: 7}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 65, Col: 7}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var4))
 		if templ_7745c5c3_Err != nil {
@@ -167,7 +167,7 @@ func crashWindowContent(demo bool) templ.Component {
 		var templ_7745c5c3_Var7 string
 		templ_7745c5c3_Var7, templ_7745c5c3_Err = templ.JoinStringErrs("{operation}:provider_cancel")
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 85, Col: 121}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 86, Col: 121}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var7))
 		if templ_7745c5c3_Err != nil {
@@ -180,7 +180,7 @@ func crashWindowContent(demo bool) templ.Component {
 		var templ_7745c5c3_Var8 string
 		templ_7745c5c3_Var8, templ_7745c5c3_Err = templ.JoinStringErrs("{operation}:{step}")
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 104, Col: 85}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 105, Col: 85}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var8))
 		if templ_7745c5c3_Err != nil {
@@ -208,7 +208,7 @@ func crashWindowContent(demo bool) templ.Component {
 		var templ_7745c5c3_Var9 string
 		templ_7745c5c3_Var9, templ_7745c5c3_Err = templ.JoinStringErrs(" ")
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 122, Col: 70}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `views/ideas.templ`, Line: 123, Col: 70}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var9))
 		if templ_7745c5c3_Err != nil {

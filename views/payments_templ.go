@@ -49,7 +49,7 @@ var paymentsStories = []modeStory{
 	{"error", "unknown", "503", "NOT_STARTED", "nothing was recorded", "ask: NOT_STARTED, so send the same refund with the same key"},
 	{"drop", "unknown", "its own timeout", "NOT_STARTED", "the request never arrived", "ask: NOT_STARTED once its deadline has passed, so send it again with the same key"},
 	{"lost_response", "unknown", "its own timeout", "COMPLETED", "the money moved; only the answer is lost", "ask: COMPLETED, so mark the step DONE and never refund again"},
-	{"slow", "unknown", "its own timeout (a late 200 if slow_ms is shorter than its wait)", "RUNNING", "accepted; COMPLETED once slow_ms has passed", "ask: RUNNING, so poll (bounded); then retry only if idempotent, else a person reconciles"},
+	{"slow", "unknown", "its own timeout (a late 200 if slow_ms is shorter than its wait)", "RUNNING", "accepted; COMPLETED once slow_ms has passed", "ask: RUNNING, so poll (bounded), then back off and ask again later, whatever the belief: it has the call"},
 	{"flaky", "any", "one of the above per call, drawn from a seed", "", "whatever the drawn mode does", "every branch, replayable from the seed"},
 }
 

@@ -233,3 +233,22 @@ func TestCountsBeforeANounArePlural(t *testing.T) {
 		}
 	}
 }
+
+// The pages say what recovery does with each truth as recovery.go does it
+// (the fresh reader's finding 3: the Provider and Payments pages said a
+// RUNNING call is retried "only if idempotent", docs/recovery.md "whatever
+// the belief"; the retry-is-not-recovery page said a resend is only ever
+// earned by asking, while a system believed idempotent that cannot be asked
+// is sent the same call again). RUNNING never leads to a resend; the
+// belief decides only when the system cannot be asked.
+func TestPagesSayWhatRecoveryDoesWithEachTruth(t *testing.T) {
+	for name, src := range pageSources(t) {
+		if strings.Contains(src, "then retry only if idempotent") || strings.Contains(src, "That resend is the one retry") {
+			t.Errorf("%s says a resend recovery does not make, or hides one it does", name)
+		}
+	}
+	ideas := pageSources(t)["views/ideas.templ"]
+	if !strings.Contains(ideas, "whatever the belief") || !strings.Contains(ideas, "only if it is believed") {
+		t.Errorf("the retry-is-not-recovery page does not say when the belief decides a resend")
+	}
+}
