@@ -43,7 +43,8 @@ const (
 //	  COMPLETED   → the step is DONE; run on (through the request's code path)
 //	  REJECTED    → the step FAILED: the operation fails, or a person decides
 //	  NOT_STARTED → conclusive only once the deadline of every earlier attempt
-//	                (plus b.ClockSkew) has passed: then the same call, same key;
+//	                (plus b.ClockSkew) has passed: then the same call, same key
+//	                (out of attempts: a person decides — a send is an attempt);
 //	                before that a call may still be on its way — wait
 //	  RUNNING, or the system cannot be asked →
 //	      poll: renew the lease (fenced), wait (doubling), ask again — at most b.MaxPolls
@@ -290,7 +291,17 @@ func (a *attempt) cancelled(ctx context.Context, tx pgx.Tx, i int, notStarted bo
 // giving the step up — FAILED as if refused, the earlier steps undone.
 func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.Result, error) {
 	st, _ := a.r.def.step(a.r.record(i).Name)
+	// Sending again is safe, but it is an attempt: out of attempts, a person
+	// decides (their Retry gives a fresh budget), so nothing loops forever.
+	outOf := ""
+	if a.r.op.Attempts >= a.budget.MaxAttempts {
+		outOf = fmt.Sprintf("%s: sending it again would be safe, but recovery has used its %d attempts (of %d), so a person decides",
+			why, a.r.op.Attempts, a.budget.MaxAttempts)
+	}
 	if st.Abandon == nil {
+		if outOf != "" {
+			return a.handToPerson(ctx, outOf)
+		}
 		return a.resend(ctx, i, BranchNotStarted, why+": sent again with the same key")
 	}
 	return a.run(ctx, func(ctx context.Context, tx pgx.Tx) (*pending, error) {
@@ -301,6 +312,11 @@ func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.R
 		gaveUp, err := st.Abandon(ctx, tx, a.r.op, a.r.e.cfg.Clock.Arg())
 		if err != nil {
 			return nil, fmt.Errorf("workflow: step %s: abandon: %w", rec.Name, err)
+		}
+		if gaveUp == "" && outOf != "" {
+			a.r.branch = BranchReconciliation
+			reask := a.reaskAt(1)
+			return nil, a.r.reconcile(ctx, tx, &reask, outOf)
 		}
 		if gaveUp == "" {
 			a.r.branch = BranchNotStarted
@@ -491,6 +507,11 @@ func (a *attempt) reask(ctx context.Context) (recovery.Result, error) {
 			return recovery.Result{}, err
 		}
 		conclusive = wait <= 0
+		if st, _ := a.r.def.step(rec.Name); conclusive && st.Abandon == nil && op.Attempts >= a.budget.MaxAttempts {
+			// Safe to send again, but that is the person's Retry (a fresh
+			// budget): taken back, it would come straight back to them.
+			conclusive = false
+		}
 	}
 	if !conclusive {
 		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, a.stillWaiting(ctx)
@@ -555,8 +576,7 @@ func (a *attempt) stillWaiting(ctx context.Context) error {
 	return a.r.inTx(ctx, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
 			UPDATE operations
-			   SET next_attempt_at = $2,
-			       attempts = attempts + 1
+			   SET next_attempt_at = $2 -- a question while waiting is the re-ask ladder's, not an attempt
 			 WHERE id = $1
 			   AND status = 'NEEDS_RECONCILIATION' -- a person may have decided meanwhile: then nothing`,
 			a.r.op.ID, next)

@@ -600,3 +600,44 @@ func TestEveryPaymentsModeAndRefundCrashPointEndsInItsDocumentedState(t *testing
 		}
 	}
 }
+
+// Recovery keeps its attempt budget when every status query is conclusive
+// too (reader's finding 2): a provider that drops every call answers
+// NOT_STARTED once the deadlines pass, and recovery sent the call again
+// without end — "attempt 6 of 5", "attempt 10 of 5". Out of attempts, a
+// NOT_STARTED hands the operation to a person like any other truth that
+// cannot finish it; a re-ask while it waits costs no attempt.
+func TestAProviderThatDropsEveryCallReachesAPersonAtTheLimit(t *testing.T) {
+	t.Parallel()
+	b := recoverytest.Setup(t)
+	ctx := context.Background()
+	pid := b.PolicyIDs[0]
+	b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeDrop, Idempotent: true})
+	b.CancelCrashingAt(t, pid, recoverytest.None) // the request's own attempt, handed over
+	const limit = 3
+	l := b.Loop(t, "app-2", func(c *recovery.Config) {
+		c.MaxPolls, c.MaxAttempts, c.Backoff, c.MaxBackoff, c.ReaskInterval = 1, limit, time.Minute, time.Minute, time.Minute
+	})
+	at := time.Now()
+	for pass := 0; pass < 20; pass++ {
+		at = at.Add(10 * time.Minute) // past every backoff and every deadline
+		l.Engine.Clock().Set(at)
+		if _, err := l.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if op := b.Operation(t, pid); op.Attempts > limit {
+			t.Fatalf("pass %d: %s after %d attempts of %d", pass, op.Status, op.Attempts, limit)
+		}
+	}
+	op := b.Operation(t, pid)
+	if op.Status != workflow.StatusNeedsReconciliation || op.Attempts != limit {
+		t.Fatalf("after 20 passes: %s, %d attempts; want NEEDS_RECONCILIATION after %d", op.Status, op.Attempts, limit)
+	}
+	var sends int
+	if err := b.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_calls WHERE operation_id = $1 AND kind = 'call'`, op.ID).Scan(&sends); err != nil {
+		t.Fatal(err)
+	}
+	if sends > limit {
+		t.Errorf("%d calls sent within a budget of %d attempts", sends, limit)
+	}
+}
