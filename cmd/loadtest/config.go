@@ -32,6 +32,11 @@ type config struct {
 	// and CHECKPOINT that database before the clock starts — the same
 	// preparation as the pgbench runs it is compared with (scripts/bench).
 	Vacuum string
+	// CostPids names the processes whose CPU the measured window is charged
+	// with ("app=123,provider=456,postgres=789"; postgres: the postmaster,
+	// its backends with it): the report's cost per operation (cost.go),
+	// with the buffers and WAL of -vacuum's database.
+	CostPids string
 
 	// Settle is how long the end of the run waits for live operations to
 	// finish (recovery draining) before it reads the verdict.
@@ -74,6 +79,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		"false: use the demo customers (tokens demo-alice, demo-bob, demo-carol) and the data as it is")
 	fs.StringVar(&c.Vacuum, "vacuum", "", "a database URL: after the reset (and -warmup), VACUUM ANALYZE and CHECKPOINT it before the clock starts "+
 		"(the app's database; as scripts/bench does before each pgbench run)")
+	fs.StringVar(&c.CostPids, "cost-pids", "", "name=pid,…: report the measured window's CPU per 2xx answer for each process (postgres=the postmaster: "+
+		"its backends too), and with -vacuum the database's buffers and WAL per answer")
 	fs.DurationVar(&c.Settle, "settle", 60*time.Second, "at the end, how long to wait for live operations to finish (recovery to drain)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as one JSON object on stdout")
 	fs.Usage = func() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -37,6 +38,20 @@ func (r *recorder) startMeasuring() {
 	r.latencies, r.window = nil, nil
 	r.answers = map[string]int64{}
 	r.requests = 0
+}
+
+// answered2xx is how many answers so far were a success (2xx): the
+// operations a cost is divided by.
+func (r *recorder) answered2xx() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n int64
+	for label, count := range r.answers {
+		if strings.HasPrefix(label, "2") {
+			n += count
+		}
+	}
+	return n
 }
 
 func (r *recorder) record(a answer) {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -35,6 +36,7 @@ type report struct {
 	SettleSeconds float64 `json:"settle_seconds"`
 	LiveAfter     int64   `json:"live_after_settle"` // operations still IN_PROGRESS or RECOVERING
 	Invariants    verdict `json:"invariants"`
+	Cost          *cost   `json:"cost,omitempty"` // per 2xx answer, with -cost-pids
 
 	Pass     bool     `json:"pass"`
 	Failures []string `json:"failures"`
@@ -70,6 +72,7 @@ func newReport(cfg config, sc *scenario, d *dataset, rec *recorder, res driveRes
 		SettleSeconds: res.settle.waited.Seconds(),
 		LiveAfter:     res.settle.live,
 		Invariants:    res.verdict,
+		Cost:          res.cost,
 		Failures:      []string{},
 		dataset:       fmt.Sprintf("%d customers, %d ACTIVE policies, %d slots", len(d.customers), len(d.policies), len(d.slots)),
 		about:         sc.about,
@@ -121,6 +124,15 @@ func (r report) print(w io.Writer) {
 	}
 	p("requests    %s in %.1fs, %s/s, %s keys%s", thousands(r.Requests), r.Seconds, thousands(int64(r.Throughput)), thousands(r.Keys), stopped)
 	p("latency     p50 %.1fms  p95 %.1fms  p99 %.1fms  max %.1fms", r.LatencyMS.P50, r.LatencyMS.P95, r.LatencyMS.P99, r.LatencyMS.Max)
+	if c := r.Cost; c != nil {
+		names := slices.Sorted(maps.Keys(c.CPUms))
+		cpu := make([]string, len(names))
+		for i, n := range names {
+			cpu[i] = fmt.Sprintf("%s %.2fms", n, c.CPUms[n])
+		}
+		p("cost        per 2xx answer (%s): CPU %s · buffers %.0f · WAL %.1f records, %.0f bytes",
+			thousands(c.Ops), strings.Join(cpu, ", "), c.Buffers, c.WALRecords, c.WALBytes)
+	}
 	p("")
 	p("answers")
 	labels := make([]string, 0, len(r.Answers))

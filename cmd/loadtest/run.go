@@ -75,9 +75,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	costPids, err := parseCostPids(cfg.CostPids)
+	if err != nil {
+		return err
+	}
+	var costStart costSample
+	if len(costPids) > 0 {
+		costStart.cpu = sampleCPU(costPids)
+		if cfg.Vacuum != "" {
+			if err := sampleDB(ctx, cfg.Vacuum, &costStart); err != nil {
+				return err
+			}
+		}
+	}
 	res := r.drive(ctx, sc, cfg.Duration, stderr)
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if len(costPids) > 0 {
+		costEnd := costSample{cpu: sampleCPU(costPids)}
+		if cfg.Vacuum != "" {
+			time.Sleep(statsSettle) // the window's last statistics reach the counters
+			if err := sampleDB(ctx, cfg.Vacuum, &costEnd); err != nil {
+				return err
+			}
+		}
+		res.cost = costOf(costStart, costEnd, rec.answered2xx())
 	}
 
 	// Faults stop; the promise is that every operation then finishes.
@@ -117,6 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // driveResult is what the clock measured.
 type driveResult struct {
+	cost      *cost // with -cost-pids
 	elapsed   time.Duration
 	exhausted bool // clients stopped early: no ACTIVE policy left
 	settle    settleResult

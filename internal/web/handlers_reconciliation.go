@@ -264,7 +264,6 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 	return render(c, http.StatusOK, views.ReconciliationPage(app.page(c, "Reconciliation", "reconciliation"), v))
 }
 
-
 // deskNotice words what the last post did; it names only numbers that
 // parse (a query string is anyone's to write).
 func deskNotice(q url.Values) string {

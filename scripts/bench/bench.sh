@@ -6,7 +6,9 @@
 #       booking of a free slot (book-free.sql) and one booking attempt under
 #       contention (book.sql) — the same commits, no HTTP, no Go;
 #   (b) the app over HTTP doing the same work (cmd/loadtest, workloads cancel,
-#       book-free and book), provider and payments ok; its events are
+#       book-free and book), provider and payments ok, each a process of its
+#       own, with what each answer cost (CPU of the app, the fakes and
+#       PostgreSQL; buffers; WAL); its events are
 #       delivered by no process during these runs (EVENTS_WORKERS=off, as
 #       when `web events` runs elsewhere): the floors deliver none either.
 #       One more cancellation run with the delivery in the same process
@@ -49,13 +51,30 @@ say "bench: building web and loadtest"
 psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
 DATABASE_URL="$url" "$work/web" migrate up >/dev/null 2>&1
 
-# start_app NAME PORT EVENTS_WORKERS: one `web serve` on loopback, its own
-# provider port; EVENTS_WORKERS off runs no relay and no consumers.
+# The fakes run as processes of their own (`web provider`, `web payments`),
+# as the systems they stand for would: their CPU is theirs, not the app's
+# (each run's cost line). Started once; every app calls them.
+start_fake() { # start_fake NAME PORT
+	local env; env="$(echo "$1" | tr a-z A-Z)"
+	env DATABASE_URL="$url" "${env}_ADDR=127.0.0.1:$2" LOG_LEVEL=error "$work/web" "$1" >"$work/$1.log" 2>&1 &
+	pids+=($!)
+	eval "${1}_pid=$!"
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$2/" && return; sleep 0.1; done
+	say "bench: $1 did not start"; cat "$work/$1.log" >&2; exit 1
+}
+start_fake provider 18170
+start_fake payments 18171
+# The database server's postmaster: its backends' CPU is the cost's "postgres".
+postmaster_pid="$(head -1 "$(psql -tA "$url" -c 'SHOW data_directory' 2>/dev/null)/postmaster.pid" 2>/dev/null || true)"
+
+# start_app NAME PORT EVENTS_WORKERS: one `web serve` on loopback, calling the
+# fakes above; EVENTS_WORKERS off runs no relay and no consumers.
 start_app() {
-	EVENTS_WORKERS="$3" DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_ADDR="127.0.0.1:$(($2 + 1))" PAYMENTS_ADDR="127.0.0.1:$(($2 + 2))" DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
+	EVENTS_WORKERS="$3" DATABASE_URL="$url" ADDR="127.0.0.1:$2" PROVIDER_URL=http://127.0.0.1:18170 PAYMENTS_URL=http://127.0.0.1:18171 DEMO_MODE=true RATE_LIMIT_EXEMPT=127.0.0.1 \
 		SESSION_SECRET=bench-secret-0123456789abcdef0123 INSTANCE_ID="$1" LOG_LEVEL=error \
 		"$work/web" serve >"$work/$1.log" 2>&1 &
 	pids+=($!)
+	app_pid=$!
 	for _ in $(seq 100); do curl -fs "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
 	say "bench: $1 did not start"; cat "$work/$1.log" >&2; exit 1
 }
@@ -89,13 +108,18 @@ pgbench_run() {
 # "throughput p99_ms 5xx pass".
 loadtest_run() {
 	local s="$1" c="$2"; shift 2
-	"$work/loadtest" -url "$app" -scenario "$s" -concurrency "$c" -warmup "${warm}s" -vacuum "$url" -duration "${secs}s" -json "$@" \
-		>"$work/$s.json" 2>/dev/null || true
+	local cost="app=$app_pid,provider=$provider_pid,payments=$payments_pid${postmaster_pid:+,postgres=$postmaster_pid}"
+	"$work/loadtest" -url "$app" -scenario "$s" -concurrency "$c" -warmup "${warm}s" -vacuum "$url" -duration "${secs}s" \
+		-cost-pids "$cost" -json "$@" >"$work/$s.json" 2>/dev/null || true
+	# What each 2xx answer cost (cmd/loadtest's cost.go), kept for the table's second half.
+	jq -r --arg s "$s" '.cost // empty | [$s, .ops, (.cpu_ms.app // 0), ((.cpu_ms.provider // 0) + (.cpu_ms.payments // 0)),
+		(.cpu_ms.postgres // "n/a"), .buffers, .wal_records, .wal_bytes] | @tsv' "$work/$s.json" >>"$work/costs.tsv"
 	jq -r '"\(.throughput) \(.latency_ms.p99) \(.server_errors) \(.pass)"' "$work/$s.json"
 }
 
 app="http://127.0.0.1:18180"
 start_app app-1 18180 off
+app1_pid=$app_pid
 psql -q "$url" -c 'CREATE SEQUENCE pgbench_policy_seq' -c 'CREATE SEQUENCE pgbench_key_seq' -c 'CREATE SEQUENCE pgbench_slot_seq' >/dev/null
 free_slots="${FREE_SLOTS:-60000}"
 
@@ -123,7 +147,7 @@ app="http://127.0.0.1:18200"
 read -r app_cancel_ev_tps app_cancel_ev_p99 app_cancel_ev_5xx app_cancel_ev_pass < <(loadtest_run cancel "$clients" -users 1000 -policies-per-user 100)
 kill "${pids[-1]}" && wait "${pids[-1]}" 2>/dev/null || true
 unset 'pids[-1]'
-app="http://127.0.0.1:18180"
+app="http://127.0.0.1:18180" app_pid=$app1_pid
 
 say "bench: (c) app, replay of completed keys, $clients clients, ${secs}s"
 read -r app_replay_tps app_replay_p99 app_replay_5xx app_replay_pass < <(loadtest_run replay "$clients" -users 200 -policies-per-user 10)
@@ -190,6 +214,15 @@ if [[ "$live" -eq 0 ]]; then
 else
 	printf '%-44s %12s %10s   %s\n' "recovery: $stale stale operations, 2 instances" "not done" "" \
 		"$live still live after ${recovery_wait}s (target: none; RECOVERY_WAIT=300 to see when it drains)"
+fi
+
+# What each answer cost the machine, from the same runs (cmd/loadtest -cost-pids): the app's own Go,
+# the two fakes (other systems' CPU, not the app's), PostgreSQL's backends, the database's buffers and
+# the server's WAL — figures a busy machine changes far less than the rates above.
+printf '\n%-44s %8s %9s %9s %10s %8s %8s %9s\n' "cost per 2xx answer (measured window)" "answers" "app ms" "fakes ms" "postgres ms" "buffers" "WAL rec" "WAL bytes"
+if [[ -s "$work/costs.tsv" ]]; then
+	awk -F'\t' '{ pg = ($5 == "n/a") ? "n/a" : sprintf("%.2f", $5)
+		printf "%-44s %8d %9.2f %9.2f %10s %8.0f %8.1f %9.0f\n", "app: " $1, $2, $3, $4, pg, $6, $7, $8 }' "$work/costs.tsv"
 fi
 
 # (e) events: 10,000 events through both consumers, per transport (internal/events BenchmarkDrain).
