@@ -32,7 +32,7 @@ build: ## build bin/web exactly as the Dockerfile does
 TEST_P ?= 2
 test: ## the full tier, as CI runs it: every test with the race detector, browsers and the chaos soak included
 	scripts/test-deps.sh
-	set -o pipefail; go test -race -count=1 -p $(TEST_P) -timeout 20m ./... 2>&1 | awk -f scripts/timeouts.awk
+	set -o pipefail; go test -race -count=1 -p $(TEST_P) -timeout 30m ./... 2>&1 | awk -f scripts/timeouts.awk
 
 test-short: ## the tier to run while working: go test -short (no browser, chaos soak, child processes or database restarts)
 	scripts/test-deps.sh short

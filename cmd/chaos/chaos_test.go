@@ -22,7 +22,7 @@ import (
 func TestChaosSoakBreaksNoPromise(t *testing.T) {
 	testenv.SkipIfShort(t, "the chaos soak: processes killed, paused and restarted")
 	out := t.TempDir()
-	// Inside make test's 20 minutes a package: on a loaded machine the tool's
+	// Inside make test's 30 minutes a package: on a loaded machine the tool's
 	// own go build of cmd/web alone outlived the 7 minutes this was.
 	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Minute)
 	defer cancel()

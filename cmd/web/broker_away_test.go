@@ -66,7 +66,11 @@ func TestBrokerAwayIsNamedNotCalledBroken(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, map[string]string{"NATS_URL": "nats://127.0.0.1:1"}) // set: used as given, no embedded server
 	oldEvent(t, s, "PENDING")
-	body := adminPageUntil(t, s, "/recovery", func(b string) bool { return strings.Contains(b, `data-testid="broker-away"`) })
+	// Until the relay's first attempt has failed, the banner says the broker
+	// was "not reached yet" (true, and all it knows): wait for the cause.
+	body := adminPageUntil(t, s, "/recovery", func(b string) bool {
+		return strings.Contains(b, `data-testid="broker-away"`) && !strings.Contains(b, "not reached yet")
+	})
 	if !strings.Contains(body, "NATS does not answer at nats://127.0.0.1:1") || !strings.Contains(body, "The outbox keeps every event") {
 		t.Errorf("the banner does not name the cause:\n%s", body)
 	}

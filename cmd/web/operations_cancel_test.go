@@ -185,6 +185,12 @@ func TestAdminCancelsALiveOperationAfterItsStepTookEffect(t *testing.T) {
 	bobs := s.policyOf(t, "demo-bob", 0)
 	var done operationJSON
 	s.do(cancelReq(bobs, "demo-bob", "c-2", "")).JSON(t, &done)
+	// On a loaded machine the call may outlive PROVIDER_TIMEOUT (a 202):
+	// recovery finishes it; the test needs it finished, not fast.
+	waitFor(t, 2*time.Minute, func() bool {
+		s.do(request{Method: "GET", Path: fmt.Sprintf("/api/v1/operations/%d", done.ID), Token: "demo-bob"}).JSON(t, &done)
+		return done.Status == "SUCCEEDED"
+	})
 	if r := s.do(cancelOpReq(done.ID, "demo-admin", "stop-4")); r.Status != 409 || r.problemType() != "not-live" {
 		t.Errorf("cancelling a SUCCEEDED operation: %d %s", r.Status, r.Body)
 	}
