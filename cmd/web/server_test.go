@@ -171,7 +171,7 @@ func (s *testServer) do(req request) response {
 
 func noRedirectClient(jar http.CookieJar) *http.Client {
 	return &http.Client{
-		Jar:           jar,
+		Jar: jar,
 		// A bound for a server that hangs, not a speed: on a loaded machine a
 		// sign-in (bcrypt, under the race detector) took over 30 s.
 		Timeout:       2 * time.Minute,
