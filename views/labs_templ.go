@@ -54,7 +54,7 @@ func labsContent(list []LabSummary) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<hgroup><h1>Labs</h1><p>The classic mistakes, each run next to its correction on the same data, with the same schedule: press Run and compare the numbers and the timelines — one a variant.</p></hgroup>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<hgroup><h1>Labs</h1><p>The classic mistakes, each run next to its correction on the same data, with the same schedule: press Run and compare the numbers and the timelines, one per variant.</p></hgroup>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -496,7 +496,7 @@ func paymentsContent(p Page, v PaymentsView) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = fakeReset(p, v.FakeView, "Reset payments", "forgets every charge, refund and late arrival, the script and the overrides. The refunds and deposits charged before it keep their history here, but payments no longer has its side of them: the invariants leave those out — not broken, just no longer checkable (forgotten_by_reset in GET /api/v1/invariants) — and check every call sent after the reset.").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fakeReset(p, v.FakeView, "Reset payments", "forgets every charge, refund and late arrival, the script and the overrides. The refunds and deposits charged before it keep their history in the app — their operation pages — but payments no longer has its side of them: the invariants leave those out — not broken, just no longer checkable (forgotten_by_reset in GET /api/v1/invariants) — and check every call sent after the reset.").Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -288,7 +288,7 @@ func providerContent(p Page, v ProviderView) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = fakeReset(p, v.FakeView, "Reset the provider", "forgets every request and effect, the script and the overrides. The cancellations sent before it keep their history here, but the provider no longer has its side of them: the invariants leave those out — not broken, just no longer checkable (forgotten_by_reset in GET /api/v1/invariants) — and check every call sent after the reset.").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fakeReset(p, v.FakeView, "Reset the provider", "forgets every request and effect, the script and the overrides. The cancellations sent before it keep their history in the app — their operation pages — but the provider no longer has its side of them: the invariants leave those out — not broken, just no longer checkable (forgotten_by_reset in GET /api/v1/invariants) — and check every call sent after the reset.").Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
