@@ -184,6 +184,18 @@ func labTry(l LabInfo) string {
 		": the broken variant shows at least one of them above zero (highlighted), the correct one keeps every one at zero. Run it again: the same numbers."
 }
 
+// labNoRun is what a lab's page says before a run: the timeout lab has no
+// broken variant (no count that should be zero), only three faults (the
+// fresh reader's finding 20).
+func labNoRun(l LabInfo) string {
+	for _, c := range l.Columns {
+		if c.Bad {
+			return "Run the lab to see the broken variants and the correct ones side by side."
+		}
+	}
+	return "Run the lab to see its operations side by side, live, until recovery has finished each."
+}
+
 // labWhat is a lab page's "what you are looking at".
 func labWhat(l LabInfo) string {
 	for _, c := range l.Columns {
