@@ -13,8 +13,9 @@
 //     here, every COMPLETED key holds a whole stored response (replaying it
 //     byte for byte is the middleware's job, tested there).
 //  6. Once faults stop, every operation reaches a terminal state within
-//     lease + recovery interval + bounded polling: here, no live operation's
-//     lease ran out more than Options.StaleAfter ago.
+//     recovery's bound (recovery.Bounds) of becoming claimable: here, no
+//     live operation has been claimable — its lease ended and its backoff
+//     over — for more than Options.StaleAfter.
 //  7. At most one refund per policy in the payments ledger; a refund only
 //     for a CANCELLED policy; a refund step DONE is one the payments
 //     service reports COMPLETED; every cancelled policy has its refund DONE
@@ -95,8 +96,9 @@ type Counts struct {
 
 // Options tune Check.
 type Options struct {
-	// StaleAfter is how long past its lease a live operation may stay
-	// before invariant 6 counts it as a violation. Zero reports stale
+	// StaleAfter is how long a live operation may stay claimable (its
+	// lease ended, its backoff over) before invariant 6 counts it as a
+	// violation. Zero reports stale
 	// operations in Counts only, never as a violation (right while faults
 	// are still on).
 	StaleAfter time.Duration
@@ -349,7 +351,8 @@ const staleCheck = `
 		SELECT id
 		  FROM operations
 		 WHERE status IN ('IN_PROGRESS', 'RECOVERING')
-		   AND lease_expires_at < now() - make_interval(secs => $1)`
+		   -- claimable since: its lease ended and any backoff is over (recovery.Bounds)
+		   AND greatest(lease_expires_at, next_attempt_at) < now() - make_interval(secs => $1)`
 
 // Check runs every invariant against db and counts what it looked at.
 func Check(ctx context.Context, db database.DBTX, opts Options) (Report, error) {

@@ -218,3 +218,43 @@ func cancelled(policyID int) string {
 		  FROM operation_steps s JOIN operations o ON o.id = s.operation_id
 		 WHERE o.policy_id = %[1]d AND s.name = 'refund';`, policyID)
 }
+
+// Invariant 6 counts from when an operation is claimable (reader's finding
+// 14): one waiting out a backoff (the 5 min a timeline names while a system
+// is away) is not stuck, however long ago its lease ended; once its
+// backoff is over as long as the bound, it is.
+func TestAnOperationWaitingOutItsBackoffIsNotStuck(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	if err := demo.Seed(ctx, db.Pool, demo.DefaultAccounts(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, operation(4, "RECOVERING", "now() - interval '1 hour'",
+		"DONE", "UNKNOWN", "PENDING", "PENDING", "PENDING", "PENDING")+`
+		UPDATE operations SET next_attempt_at = now() + interval '4 minutes' WHERE policy_id = 4;`); err != nil {
+		t.Fatal(err)
+	}
+	stuck := func() bool {
+		t.Helper()
+		r, err := invariants.Check(ctx, db.Pool, invariants.Options{StaleAfter: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range r.Violations {
+			if v.Invariant == 6 {
+				return true
+			}
+		}
+		return false
+	}
+	if stuck() {
+		t.Errorf("an operation backing off for 4 more minutes is reported stuck")
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE operations SET next_attempt_at = now() - interval '2 minutes' WHERE policy_id = 4`); err != nil {
+		t.Fatal(err)
+	}
+	if !stuck() {
+		t.Errorf("an operation claimable for 2 minutes past a 1-minute bound is not reported")
+	}
+}

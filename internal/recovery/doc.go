@@ -82,8 +82,10 @@
 //     only after a last status query that could not settle it.
 //  5. Every claim and every decision writes a timeline event, in the same
 //     transaction, naming the worker and the branch of the decision tree.
-//  6. Bounded: with faults off, a stale operation is finished within about
-//     Interval + Budget.MaxPollTime + Lease of becoming stale (Loop.Bound);
+//  6. Bounded: with faults off, an operation is finished within about
+//     Interval + Budget.MaxPollTime + Lease of becoming claimable, one
+//     Lease more from its owner's crash, after any backoff in force (at
+//     most MaxBackoff) — Loop.Bounds, the one computation every page quotes;
 //     unknown outcomes back off and end in reconciliation after
 //     MaxAttempts.
 //

@@ -54,15 +54,37 @@ func (l *Loop) Register(opType string, r Recoverer) { l.recoverers[opType] = r }
 // Settings returns the loop's configuration.
 func (l *Loop) Settings() Config { return l.cfg }
 
-// Bound is about how long a stale operation waits before this loop
-// finishes it, faults off: a pass comes within Interval, a claim made then
-// polls at most MaxPollTime, plus one lease for the calls in between. (An
-// owner that died still holds its lease first: add OPERATION_LEASE from the
-// crash.) Backoffs add their waits per attempt.
-func (l *Loop) Bound() time.Duration {
-	b := l.cfg.Budget()
-	return l.cfg.Interval + b.MaxPollTime() + b.Lease
+// Bounds are how long recovery takes to finish an operation once faults
+// stop — computed here once; the recovery page, GET /api/v1/recovery,
+// invariant 6 and docs/recovery.md quote these, not a formula of their own.
+type Bounds struct {
+	// Claimable: from the moment an operation can be claimed (its lease
+	// ended or was handed over, no backoff in force) to finished — a pass
+	// within Interval, polling at most MaxPollTime, and one Lease for the
+	// status and step calls in between.
+	Claimable time.Duration
+	// AfterCrash: from a crash of its owner — the dead owner's Lease
+	// first (nobody can tell a dead owner from a slow one sooner), then
+	// Claimable.
+	AfterCrash time.Duration
+	// Backoff: the longest an operation backed off while a system was
+	// away may still wait before it is claimable (RECOVERY_MAX_BACKOFF);
+	// the bounds above start after it.
+	Backoff time.Duration
 }
+
+// Bounds computes the bounds from cfg.
+func (cfg Config) Bounds() Bounds {
+	b := cfg.Budget()
+	claimable := cfg.Interval + b.MaxPollTime() + b.Lease
+	return Bounds{Claimable: claimable, AfterCrash: b.Lease + claimable, Backoff: b.MaxBackoff}
+}
+
+// Bounds are the loop's: Settings().Bounds().
+func (l *Loop) Bounds() Bounds { return l.cfg.Bounds() }
+
+// Bound is Bounds().Claimable.
+func (l *Loop) Bound() time.Duration { return l.Bounds().Claimable }
 
 // Actor is how this loop signs its timeline events.
 func (l *Loop) Actor() string { return "recovery on " + l.cfg.Instance }

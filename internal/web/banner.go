@@ -26,8 +26,14 @@ type brokenInvariants struct {
 }
 
 // staleAfter is invariant 6's default bound, shared by GET /api/v1/invariants
-// and the banner: twice OPERATION_LEASE plus a minute.
-func (app *App) staleAfter() time.Duration { return 2*app.cfg.OperationLease + time.Minute }
+// and the banner: recovery's bound from claimable (recovery.Bounds) plus
+// staleMargin.
+func (app *App) staleAfter() time.Duration { return app.recovery.Bound() + staleMargin }
+
+// staleMargin is invariant 6's allowance beyond recovery's bound from the
+// moment an operation is claimable (recovery.Bounds): a busy machine's
+// slack, so the banner never turns red on a slow pass.
+const staleMargin = time.Minute
 
 // brokenNow returns what is broken, in words, from a check at most
 // brokenCacheFor old. A check that fails (the database is away) keeps the

@@ -223,9 +223,10 @@ func customers(accounts []demo.Account) int {
 
 // handleInvariants: GET /api/v1/invariants[?stale_after=90s] — every
 // invariant of docs/invariants.md checked with SQL, read-only, cheap enough to poll
-// during a load test. stale_after is invariant 6's bound: how long past its
-// lease a live operation may be before it counts as stuck (default: twice
-// OPERATION_LEASE plus a minute; "0" reports stale operations only in counts).
+// during a load test. stale_after is invariant 6's bound: how long a live
+// operation may stay claimable before it counts as stuck (default:
+// recovery's bound plus a minute, staleAfter; "0" reports stale operations
+// only in counts).
 func (app *App) handleInvariants(c echo.Context) error {
 	staleAfter := app.staleAfter()
 	if v := c.QueryParam("stale_after"); v != "" {

@@ -34,6 +34,8 @@ type recoverySettings struct {
 	ClockSkewS  float64 `json:"clock_skew_seconds"`
 	ReaskS      float64 `json:"reask_interval_seconds"`
 	BoundS      float64 `json:"bound_seconds"`
+	CrashBoundS float64 `json:"bound_after_crash_seconds"`
+	MaxBackoffS float64 `json:"max_backoff_seconds"`
 }
 
 // recoverySnapshot is for everyone signed in; a customer reads it with
@@ -73,12 +75,14 @@ func (app *App) recoverySnapshot(ctx context.Context, u users.User) (recoverySna
 	}
 	cfg := app.recovery.Settings()
 	b := cfg.Budget()
+	bounds := app.recovery.Bounds()
 	return recoverySnapshot{
 		Instance: app.cfg.InstanceID,
 		Settings: recoverySettings{
 			Strategy: string(cfg.Strategy), IntervalS: cfg.Interval.Seconds(), LeaseS: b.Lease.Seconds(),
 			MaxPolls: b.MaxPolls, PollTimeS: b.MaxPollTime().Seconds(), MaxAttempts: b.MaxAttempts,
-			ClockSkewS: b.ClockSkew.Seconds(), ReaskS: b.ReaskInterval.Seconds(), BoundS: app.recovery.Bound().Seconds(),
+			ClockSkewS: b.ClockSkew.Seconds(), ReaskS: b.ReaskInterval.Seconds(), BoundS: bounds.Claimable.Seconds(),
+			CrashBoundS: bounds.AfterCrash.Seconds(), MaxBackoffS: bounds.Backoff.Seconds(),
 		},
 		Counts: counts, Live: live, Recent: recent, Beliefs: beliefs,
 	}, nil
@@ -124,8 +128,10 @@ func (app *App) recoveryView(c echo.Context) (views.RecoveryView, error) {
 		Instance: s.Instance, Strategy: s.Settings.Strategy, Interval: cfg.Interval.String(), Lease: b.Lease.String(),
 		MaxPolls: b.MaxPolls, PollTime: b.MaxPollTime().String(), MaxAttempts: b.MaxAttempts,
 		ClockSkew: b.ClockSkew.String(), Reask: b.ReaskInterval.String(),
-		Bound:    app.recovery.Bound().Round(100 * time.Millisecond).String(),
-		EndLease: app.cfg.DemoMode && u.IsAdmin(), CSRF: csrfToken(c),
+		Bound:      app.recovery.Bounds().Claimable.Round(100 * time.Millisecond).String(),
+		CrashBound: app.recovery.Bounds().AfterCrash.Round(100 * time.Millisecond).String(),
+		MaxBackoff: app.recovery.Bounds().Backoff.String(),
+		EndLease:   app.cfg.DemoMode && u.IsAdmin(), CSRF: csrfToken(c),
 	}
 	for _, st := range workflow.Statuses {
 		v.Counts = append(v.Counts, views.StatusCount{Status: st, N: s.Counts[st]})
