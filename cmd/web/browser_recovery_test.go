@@ -48,14 +48,30 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Record every status the page shows until it is terminal.
+	// Record every status the page shows until it is terminal. Polled from
+	// here, not in the page: when the status changes, the panel's refresh
+	// answers HX-Refresh and htmx loads the whole page again, so for a
+	// moment there is no panel (or no page to evaluate in: chromedp says the
+	// execution context went). Such a moment shows no status; the page
+	// loaded again shows the next one. A page that never gets there fails
+	// at the deadline with what it showed and the last error.
 	var seen []string
+	var lastErr error
 	shot := false
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		var status string
-		if err := chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector('[data-testid="operation-panel"]').dataset.status`, &status)); err != nil {
-			t.Fatal(err)
+		if err := chromedp.Run(ctx, chromedp.Evaluate(`(() => {
+			const p = document.querySelector('[data-testid="operation-panel"]');
+			return p ? p.dataset.status : '';
+		})()`, &status)); err != nil {
+			lastErr = err
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if status == "" { // between two pages
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		if len(seen) == 0 || seen[len(seen)-1] != status {
 			seen = append(seen, status)
@@ -71,7 +87,7 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 	}
 	if !slices.Equal(seen, []string{"IN_PROGRESS", "RECOVERING", "SUCCEEDED"}) &&
 		!slices.Equal(seen, []string{"RECOVERING", "SUCCEEDED"}) {
-		t.Fatalf("statuses seen: %v", seen)
+		t.Fatalf("statuses seen: %v (last error reading the page: %v)", seen, lastErr)
 	}
 	if !slices.Contains(seen, "RECOVERING") {
 		t.Fatalf("never saw RECOVERING: %v", seen)
