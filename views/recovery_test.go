@@ -59,4 +59,12 @@ func TestOperationPageNamesAttemptsAndCallsApart(t *testing.T) {
 	if strings.Contains(html, "Step · attempt") {
 		t.Error(`the Calls table calls a step's call an attempt`)
 	}
+	// The explanation agrees with recovery (reader's findings 2 and 7): the
+	// count is of the budget, and asking while waiting for a person uses none.
+	explained := html[strings.Index(html, `data-testid="run-explained"`):]
+	explained = explained[:strings.Index(explained, "</small>")]
+	if !strings.Contains(explained, "Attempts 0 of 5") || strings.Contains(explained, "each question asked") ||
+		!strings.Contains(explained, "without using an attempt") {
+		t.Errorf("the attempts explained: %s", explained)
+	}
 }

@@ -215,7 +215,9 @@ func (r *runner) sent(ctx context.Context, tx pgx.Tx, i int, st Step) (*pending,
 		return nil, "", err
 	}
 	rec = r.record(i)
-	detail := fmt.Sprintf("%s sent to %s: key %s, attempt %d, deadline %s", rec.Name, *rec.System, rec.Key, rec.Attempts,
+	// "call N": the step's calls sent under its key (Calls sent on the
+	// operation page), not the operation's attempts (recovery's budget).
+	detail := fmt.Sprintf("%s sent to %s: key %s, call %d, deadline %s", rec.Name, *rec.System, rec.Key, rec.Attempts,
 		deadline.UTC().Format("15:04:05.000"))
 	if err := r.event(ctx, tx, r.op.Status, rec.Name, detail, "workflow.sqlStepSent"); err != nil {
 		return nil, "", err
