@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,6 +120,7 @@ func startApp(t *testing.T) (string, *testdb.DB) {
 	db := testdb.New(t)
 	bin := testenv.AppBinary(t)
 	cmd := exec.Command(bin, "serve")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test binary, cleanup or not
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+db.URL,
 		"ADDR=127.0.0.1:0",
