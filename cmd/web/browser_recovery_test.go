@@ -92,8 +92,10 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 	if !slices.Contains(seen, "RECOVERING") {
 		t.Fatalf("never saw RECOVERING: %v", seen)
 	}
+	// The page that showed SUCCEEDED may still be loaded again (HX-Refresh
+	// for the new status): browsertest.Run reads the timeline that replaced it.
 	var timeline string
-	if err := chromedp.Run(ctx, chromedp.Text(`[data-testid="timeline"]`, &timeline, chromedp.ByQuery)); err != nil {
+	if err := browsertest.Run(ctx, chromedp.Text(`[data-testid="timeline"]`, &timeline, chromedp.ByQuery)); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(timeline, "recovery on app-1") || !strings.Contains(timeline, "poll") {
@@ -102,7 +104,7 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 	browsertest.Screenshot(ctx, t, "operation-recovered")
 
 	var recent string
-	err = chromedp.Run(ctx,
+	err = browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/recovery"),
 		chromedp.WaitVisible(`[data-testid="recent-recoveries"]`, chromedp.ByQuery),
 		chromedp.Text(`[data-testid="recent-recoveries"]`, &recent, chromedp.ByQuery),
