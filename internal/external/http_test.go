@@ -125,7 +125,9 @@ func TestSendCarriesKeyAndDeadline(t *testing.T) {
 		if !sent.Equal(res.Deadline) {
 			t.Errorf("header says %s, Result.Deadline says %s", sent, res.Deadline)
 		}
-		lo, hi := before.Add(3*time.Second).Add(-time.Millisecond), time.Now().Add(3*time.Second)
+		// Rounded up to the header's millisecond (Client.Deadline): never
+		// before now plus the timeout, at most a millisecond after it.
+		lo, hi := before.Add(3*time.Second), time.Now().Add(3*time.Second).Add(time.Millisecond)
 		if sent.Before(lo) || sent.After(hi) {
 			t.Errorf("deadline %s not within [%s, %s]: caller's clock plus the timeout", sent, lo, hi)
 		}
