@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,7 +285,29 @@ func TestTwoInstancesPushEachTaskOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := newTarget(t, func(string, int) int { time.Sleep(5 * time.Millisecond); return 200 })
+	// Both instances must take part, whatever the machine's speed: the
+	// target holds every push until more are in flight than instance a can
+	// send alone (its 32 slots) — so b has sent one too — or 10 s have
+	// passed (then the count below says b never pushed). A loaded machine
+	// once let a drain all 60 before b began.
+	var inFlight atomic.Int32
+	both := make(chan struct{})
+	var once sync.Once
+	go func() {
+		select {
+		case <-both:
+		case <-time.After(10 * time.Second):
+			once.Do(func() { close(both) })
+		}
+	}()
+	tg := newTarget(t, func(string, int) int {
+		if inFlight.Add(1) > 32 {
+			once.Do(func() { close(both) })
+		}
+		<-both
+		time.Sleep(5 * time.Millisecond)
+		return 200
+	})
 	const n = 60
 	for i := range n {
 		if _, err := b.create(t, fmt.Sprintf("t%d", i), tg.srv.URL); err != nil {
