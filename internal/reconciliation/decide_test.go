@@ -23,10 +23,17 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 		t.Run(string(res), func(t *testing.T) {
 			t.Parallel()
 			b := recoverytest.Setup(t)
+			// The scenario needs the provider's effect: with the 300 ms default
+			// a loaded machine delivered the call after its deadline, the fake
+			// refused it (rightly), and there was nothing to decide about.
+			b.PatientRequests(t, b.Timeout)
 			ctx := context.Background()
 			pid := b.PolicyIDs[0]
 			b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeLostResponse, Idempotent: false})
 			b.CancelCrashingAt(t, pid, recoverytest.None)
+			if n := b.Effects(t, pid); n != 1 {
+				t.Fatalf("the provider applied the cancellation %d times, want 1: lost_response applies it and drops the answer", n)
+			}
 			b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeOK, Idempotent: false, StatusMode: fake.StatusError})
 			b.Believe(t, false)
 			b.Settle(t, b.Loop(t, "app-2", func(c *recovery.Config) { c.MaxPolls, c.MaxAttempts = 1, 1 }))
