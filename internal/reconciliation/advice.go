@@ -65,7 +65,9 @@ type Facts struct {
 	// NowError is why the latest status query got no answer.
 	NowError string
 	// NowIsRefusal: Now is the call's own definite refusal, not a status
-	// query's answer (a refused step nobody has asked about since).
+	// query's answer (a refused step nobody has asked about since, or whose
+	// every question since went unanswered: NowAt and NowError say when
+	// and why).
 	NowIsRefusal bool
 	// ArrivesUntil is the latest deadline any call for the step carried,
 	// plus the clock-skew margin: a call may arrive until then.
@@ -355,7 +357,15 @@ func (f Facts) truthText(t external.Truth, when string) string {
 
 func (f Facts) nowText() string {
 	if f.NowIsRefusal {
-		return string(f.Now) + ": the call's own answer, a definite refusal (" + f.System + " has not been asked since); nothing was applied."
+		if f.NowAt.IsZero() {
+			return string(f.Now) + ": the call's own answer, a definite refusal (" + f.System + " has not been asked since); nothing was applied."
+		}
+		s := string(f.Now) + ": the call's own answer, a definite refusal; nothing was applied. " + sentence(f.System) +
+			" gave no answer when asked again at " + clock(f.NowAt)
+		if f.NowError != "" {
+			s += " (" + f.NowError + ")"
+		}
+		return s + ", and no answer does not undo a refusal."
 	}
 	if f.NowAt.IsZero() {
 		return TruthUnknown + ": not asked since the hand-over."

@@ -184,6 +184,16 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 
 // facts reads an item's evidence the way Advise needs it.
 func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
+	canFail := false
+	if st, ok := d.engine.Step(it.Operation.Type, it.Stuck.Name); ok {
+		canFail = st.Refused == workflow.FailOperation
+	}
+	return readFacts(cfg, it, idempotent, canFail)
+}
+
+// readFacts is facts without the engine: canFail is whether a refusal of
+// the stuck step fails the operation.
+func readFacts(cfg Config, it *Item, idempotent map[string]bool, canFail bool) Facts {
 	s := it.Stuck
 	f := Facts{Step: s.Name, Attempts: it.Operation.Attempts, MaxAttempts: cfg.MaxAttempts}
 	if s.System != nil {
@@ -212,9 +222,7 @@ func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 	default:
 		f.Reason = ReasonInconsistent
 	}
-	if st, ok := d.engine.Step(it.Operation.Type, s.Name); ok {
-		f.CanFail = st.Refused == workflow.FailOperation
-	}
+	f.CanFail = canFail
 	// A call may arrive until the latest deadline any attempt carried.
 	latest := s.DeadlineAt
 	for i, c := range it.Calls {
@@ -244,11 +252,14 @@ func (d *Desk) facts(cfg Config, it *Item, idempotent map[string]bool) Facts {
 	}
 	if f.Reason == ReasonRefused {
 		// The call's own answer was a definite refusal: that is the truth
-		// at the hand-over, and now, until a status query says otherwise.
+		// at the hand-over, and now, until a status query *answers*
+		// otherwise. A query that got no answer says nothing about the call,
+		// so it cannot turn a known refusal into "no answer" — the card, the
+		// reason and the truth filter keep saying REJECTED (issue 29, 6).
 		if f.Then == "" {
 			f.Then = external.TruthRejected
 		}
-		if it.NowCall == nil {
+		if f.Now == "" {
 			f.Now, f.NowIsRefusal = external.TruthRejected, true
 		}
 	}
