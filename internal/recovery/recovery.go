@@ -168,7 +168,13 @@ func (b Budget) BackoffAfter(attempts int) time.Duration {
 // operation waiting for a person: ReaskInterval, doubling, at most
 // MaxBackoff (or ReaskInterval when that is larger).
 func (b Budget) ReaskAfter(n int) time.Duration {
-	return doubling(b.ReaskInterval, n-1, max(b.MaxBackoff, b.ReaskInterval))
+	return doubling(b.ReaskInterval, n-1, b.ReaskMax())
+}
+
+// ReaskMax is the longest wait between two questions to an operation
+// waiting for a person: MaxBackoff, or ReaskInterval when that is larger.
+func (b Budget) ReaskMax() time.Duration {
+	return max(b.MaxBackoff, b.ReaskInterval)
 }
 
 // ReaskAfterWaiting is the wait before the next question to an operation
@@ -177,7 +183,7 @@ func (b Budget) ReaskAfter(n int) time.Duration {
 // wait — at least ReaskInterval, at most MaxBackoff (or ReaskInterval when
 // that is larger).
 func (b Budget) ReaskAfterWaiting(waited time.Duration) time.Duration {
-	return min(max(waited, b.ReaskInterval), max(b.MaxBackoff, b.ReaskInterval))
+	return min(max(waited, b.ReaskInterval), b.ReaskMax())
 }
 
 func doubling(base time.Duration, times int, limit time.Duration) time.Duration {

@@ -44,7 +44,8 @@ const (
 //	  REJECTED    → the step FAILED: the operation fails, or a person decides
 //	  NOT_STARTED → conclusive only once the deadline of every earlier attempt
 //	                (plus b.ClockSkew) has passed: then the same call, same key
-//	                (out of attempts: a person decides — a send is an attempt);
+//	                (out of attempts: a person decides — a send is an attempt —
+//	                and each re-ask that finds it NOT_STARTED sends it once more);
 //	                before that a call may still be on its way — wait
 //	  RUNNING, or the system cannot be asked →
 //	      poll: renew the lease (fenced), wait (doubling), ask again — at most b.MaxPolls
@@ -99,6 +100,9 @@ type attempt struct {
 	// the last status query's answer
 	truth  external.Truth
 	askErr error
+	// resending: this attempt is a re-ask's one send to an operation out of
+	// attempts; unanswered, it goes back to the person (see reask).
+	resending bool
 }
 
 func (a *attempt) resume(ctx context.Context) (recovery.Result, error) {
@@ -294,8 +298,8 @@ func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.R
 	// Sending again is safe, but it is an attempt: out of attempts, a person
 	// decides (their Retry gives a fresh budget), so nothing loops forever.
 	outOf := ""
-	if a.r.op.Attempts >= a.budget.MaxAttempts {
-		outOf = fmt.Sprintf("%s: sending it again would be safe, but recovery has used its %d attempts (of %d), so a person decides",
+	if a.r.op.Attempts >= a.budget.MaxAttempts && !a.resending {
+		outOf = fmt.Sprintf("%s: sending it again would be safe, but recovery has used its %d attempts (of %d), so a person decides (while the system has no record of it, recovery sends it once more at each question)",
 			why, a.r.op.Attempts, a.budget.MaxAttempts)
 	}
 	if st.Abandon == nil {
@@ -374,6 +378,14 @@ func (a *attempt) run(ctx context.Context, first func(ctx context.Context, tx pg
 // onUnknown is recovery's answer to a call whose outcome is unknown: back
 // off; the next attempt asks first (and, out of attempts, a person decides).
 func (a *attempt) onUnknown(ctx context.Context, tx pgx.Tx, why string) error {
+	if a.resending {
+		// The re-ask's one send went unanswered too: back to the person,
+		// asked again at the top of the ladder — a system that drops every
+		// call gets one call per interval, never a loop.
+		a.r.branch = BranchReconciliation
+		reask := time.Now().Add(a.budget.ReaskMax())
+		return a.r.reconcile(ctx, tx, &reask, why+" — the one send of a question while waiting; recovery asks again in "+a.budget.ReaskMax().String())
+	}
 	attempts := a.r.op.Attempts + 1
 	wait := a.budget.BackoffAfter(attempts)
 	detail := fmt.Sprintf("%s — attempt %d of %d; asking again in %s", why, attempts, a.budget.MaxAttempts, wait)
@@ -507,16 +519,19 @@ func (a *attempt) reask(ctx context.Context) (recovery.Result, error) {
 			return recovery.Result{}, err
 		}
 		conclusive = wait <= 0
-		if st, _ := a.r.def.step(rec.Name); conclusive && st.Abandon == nil && op.Attempts >= a.budget.MaxAttempts {
-			// Safe to send again, but that is the person's Retry (a fresh
-			// budget): taken back, it would come straight back to them.
-			conclusive = false
-		}
+		// Out of attempts, a NOT_STARTED is taken back for one send (same
+		// key, safe): a system that has come back finishes the work without
+		// a person; one that still drops the call returns it to them.
+		a.resending = conclusive && op.Attempts >= a.budget.MaxAttempts
 	}
 	if !conclusive {
 		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, a.stillWaiting(ctx)
 	}
-	taken, err := a.takeBack(ctx, fmt.Sprintf("asked again while waiting for a person: %s — recovery finishes it, no decision needed", a.seen(*rec.System)))
+	why := fmt.Sprintf("asked again while waiting for a person: %s — recovery finishes it, no decision needed", a.seen(*rec.System))
+	if a.resending {
+		why = fmt.Sprintf("asked again while waiting for a person: %s — recovery sends it once more (safe: it never took effect); unanswered, it comes back to the person", a.seen(*rec.System))
+	}
+	taken, err := a.takeBack(ctx, why)
 	if err != nil || !taken {
 		return recovery.Result{Outcome: recovery.OutcomeReasked, Branch: BranchReasked}, err
 	}

@@ -606,7 +606,9 @@ func TestEveryPaymentsModeAndRefundCrashPointEndsInItsDocumentedState(t *testing
 // NOT_STARTED once the deadlines pass, and recovery sent the call again
 // without end — "attempt 6 of 5", "attempt 10 of 5". Out of attempts, a
 // NOT_STARTED hands the operation to a person like any other truth that
-// cannot finish it; a re-ask while it waits costs no attempt.
+// cannot finish it; a re-ask while it waits costs no attempt, and sends the
+// call once (it never took effect), so the person keeps it while the
+// system drops every call: one send per question, at the ladder's top.
 func TestAProviderThatDropsEveryCallReachesAPersonAtTheLimit(t *testing.T) {
 	t.Parallel()
 	b := recoverytest.Setup(t)
@@ -618,26 +620,91 @@ func TestAProviderThatDropsEveryCallReachesAPersonAtTheLimit(t *testing.T) {
 	l := b.Loop(t, "app-2", func(c *recovery.Config) {
 		c.MaxPolls, c.MaxAttempts, c.Backoff, c.MaxBackoff, c.ReaskInterval = 1, limit, time.Minute, time.Minute, time.Minute
 	})
+	sends := func() (n int) {
+		t.Helper()
+		if err := b.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_calls c JOIN operations o ON o.id = c.operation_id WHERE o.policy_id = $1 AND c.kind = 'call'`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 	at := time.Now()
+	atPerson, passes := -1, 0
 	for pass := 0; pass < 20; pass++ {
-		at = at.Add(10 * time.Minute) // past every backoff and every deadline
+		at = at.Add(10 * time.Minute) // past every backoff, every deadline and every re-ask
 		l.Engine.Clock().Set(at)
 		if _, err := l.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if op := b.Operation(t, pid); op.Attempts > limit {
+		op := b.Operation(t, pid)
+		if op.Attempts > limit {
 			t.Fatalf("pass %d: %s after %d attempts of %d", pass, op.Status, op.Attempts, limit)
+		}
+		if atPerson < 0 && op.Status == workflow.StatusNeedsReconciliation {
+			atPerson = sends()
+			if atPerson > limit+1 { // the request's own send, then the budget's
+				t.Fatalf("%d calls sent before a person, within a budget of %d attempts", atPerson, limit)
+			}
+		} else if atPerson >= 0 {
+			passes++
+			if op.Status != workflow.StatusNeedsReconciliation {
+				t.Fatalf("pass %d: %s; a re-ask's unanswered send must leave it with the person", pass, op.Status)
+			}
 		}
 	}
 	op := b.Operation(t, pid)
 	if op.Status != workflow.StatusNeedsReconciliation || op.Attempts != limit {
 		t.Fatalf("after 20 passes: %s, %d attempts; want NEEDS_RECONCILIATION after %d", op.Status, op.Attempts, limit)
 	}
-	var sends int
-	if err := b.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM operation_calls WHERE operation_id = $1 AND kind = 'call'`, op.ID).Scan(&sends); err != nil {
-		t.Fatal(err)
+	if passes == 0 {
+		t.Fatal("never asked again while waiting for a person")
 	}
-	if sends > limit {
-		t.Errorf("%d calls sent within a budget of %d attempts", sends, limit)
+	if got := sends() - atPerson; got < 1 || got > passes {
+		t.Errorf("%d calls sent in %d re-asks while waiting for a person; want one per question, at least one", got, passes)
+	}
+}
+
+// Once the system answers again, an operation that went to a person out of
+// attempts with NOT_STARTED needs no person: the re-ask's one send (same
+// key, safe because the call never took effect) finishes it (chaos run,
+// seed 3: four refunds waited for a person after the faults were healed).
+func TestANotStartedOutOfAttemptsIsFinishedOnceTheSystemAnswers(t *testing.T) {
+	t.Parallel()
+	b := recoverytest.Setup(t)
+	ctx := context.Background()
+	pid := b.PolicyIDs[0]
+	b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeDrop, Idempotent: true})
+	b.CancelCrashingAt(t, pid, recoverytest.None)
+	const limit = 2
+	l := b.Loop(t, "app-2", func(c *recovery.Config) {
+		c.MaxPolls, c.MaxAttempts, c.Backoff, c.MaxBackoff, c.ReaskInterval = 1, limit, time.Minute, time.Minute, time.Minute
+	})
+	at := time.Now()
+	pass := func() workflow.Operation {
+		t.Helper()
+		at = at.Add(10 * time.Minute)
+		l.Engine.Clock().Set(at)
+		if _, err := l.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return b.Operation(t, pid)
+	}
+	for n := 0; ; n++ {
+		if op := pass(); op.Status == workflow.StatusNeedsReconciliation {
+			break
+		}
+		if n == 10 {
+			t.Fatal("never reached a person while every call was dropped")
+		}
+	}
+	b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeOK, Idempotent: true}) // the provider is back
+	op := pass()
+	if op.Status != workflow.StatusSucceeded {
+		t.Fatalf("after the provider came back and one re-ask: %s (%v); want SUCCEEDED without a person", op.Status, op.LastError)
+	}
+	if op.Attempts != limit {
+		t.Errorf("attempts %d, want %d: a re-ask's send is not an attempt of the budget", op.Attempts, limit)
+	}
+	if n := b.Effects(t, pid); n != 1 {
+		t.Errorf("%d provider effects, want exactly 1", n)
 	}
 }
