@@ -59,9 +59,12 @@ func (app *App) violationsNow(ctx context.Context) []invariants.Violation {
 	if !b.checked.IsZero() && time.Since(b.checked) < brokenCacheFor {
 		return b.broken
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	checkCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	r, err := invariants.Check(ctx, app.pool, invariants.Options{StaleAfter: app.staleAfter(), MaxIDs: 5, Retention: app.cfg.OperationsRetention})
+	r, err := invariants.Check(checkCtx, app.pool, invariants.Options{StaleAfter: app.staleAfter(), MaxIDs: 5, Retention: app.cfg.OperationsRetention})
+	if err != nil && ctx.Err() != nil {
+		return b.broken // the page's client left: no check failed, the next page checks
+	}
 	b.checked = time.Now()
 	if err != nil {
 		logFrom(ctx).Warn("invariants banner: check failed", "err", err)

@@ -270,7 +270,7 @@ func (app *App) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	if errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil {
+	if clientLeft(c, err) {
 		// The client left (a browser navigating away mid-poll): nobody is
 		// there to answer and nothing failed on our side. 499 is the
 		// request log's word for it, as nginx's.
@@ -335,6 +335,13 @@ func rateLimitedView(c echo.Context, p *problem.Problem) views.RateLimitedView {
 // statusClientLeft is logged for a request whose client closed the
 // connection before its answer.
 const statusClientLeft = 499
+
+// clientLeft reports whether err is the request's own context ending
+// because its client closed the connection (a browser navigating away
+// mid-poll): not a failure of the app or of anything it called.
+func clientLeft(c echo.Context, err error) bool {
+	return errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil
+}
 
 func isAPI(c echo.Context) bool {
 	return strings.HasPrefix(c.Request().URL.Path, "/api/") || strings.HasPrefix(c.Request().URL.Path, "/webhooks/")

@@ -78,12 +78,17 @@ func (app *App) believer(system string) func(ctx context.Context, idempotent boo
 }
 
 // controlError keeps a refused fault (*fault.InvalidError: 422
-// invalid-fault naming the field, errors.go) and turns every other control
-// failure into the system's unreachable error (502).
+// invalid-fault naming the field, errors.go) and a call cut short because
+// the client left (handleError logs it as such, not as the fake's failure),
+// and turns every other control failure into the system's unreachable
+// error (502).
 func (s fakeAdmin) controlError(c echo.Context, err error) error {
 	var invalid *fault.InvalidError
 	if errors.As(err, &invalid) {
 		return invalidFault(invalid)
+	}
+	if clientLeft(c, err) {
+		return err
 	}
 	logFrom(c.Request().Context()).Warn(s.name+" control", "err", err)
 	return s.unreachable

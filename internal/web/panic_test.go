@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -66,24 +67,55 @@ func (b *syncBuffer) String() string {
 }
 
 // A client that leaves mid-request (a browser navigating away while htmx
-// polls) is not a server error: no "unhandled error", no 500 in the log
-// (issue 29).
+// polls) is not a server error: no "unhandled error", no 500 in the log or
+// in the metrics (issue 29, finding 23) — nor a 502 blamed on a fake whose
+// control call the leaving cut short.
 func TestAClientThatLeftIsNotAServerError(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	var logs syncBuffer
+	reg := prometheus.NewRegistry()
 	app := New(Config{BodyLimit: "1M"}, Deps{
 		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
 		Pool:     db.Pool,
-		Registry: prometheus.NewRegistry(),
+		Registry: reg,
 	})
 	e := app.routes()
 	e.GET("/left", func(c echo.Context) error { return c.Request().Context().Err() })
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	rec := httptest.NewRecorder()
-	e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/left", nil).WithContext(ctx))
-	if l := logs.String(); strings.Contains(l, "unhandled error") || strings.Contains(l, "status=500") || !strings.Contains(l, "status=499") {
+	e.GET("/left-mid-control", func(c echo.Context) error {
+		// What the provider's control client returns when the request's
+		// context ends under it.
+		return app.providerAdmin().controlError(c, &url.Error{Op: "Get", URL: "http://provider/v1/faults", Err: c.Request().Context().Err()})
+	})
+	for _, path := range []string{"/left", "/left-mid-control"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil).WithContext(ctx))
+	}
+	l := logs.String()
+	if strings.Contains(l, "unhandled error") || strings.Contains(l, "status=500") || strings.Contains(l, "status=502") ||
+		strings.Count(l, "status=499") != 2 {
 		t.Fatalf("a client that left was logged as a server error:\n%s", l)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statuses []string
+	for _, f := range families {
+		if f.GetName() != "idemlab_http_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "status" {
+					statuses = append(statuses, lp.GetValue())
+				}
+			}
+		}
+	}
+	if strings.Join(statuses, ",") != "499,499" {
+		t.Errorf("the metrics count the two requests under statuses %v, want 499 twice", statuses)
 	}
 }
