@@ -185,12 +185,11 @@ func Advise(f Facts) Advice {
 		checked := "offered because you may have checked with " + f.System + " yourself"
 		done.caution("the app does not know it happened: " + checked)
 		fail.caution("the app does not know it did not happen: " + checked)
-		if f.Idempotent {
-			retry.caution("recovery asks " + f.System + " first, and sends the same call with the same key only once it may: " + f.System + " is believed idempotent")
-		} else {
-			retry.caution(f.System + " is not believed idempotent: recovery will ask again and back off, and never send the call blind — so this sends nothing until " + f.System + " answers")
-		}
 	}
+	// Handing back, whatever the truth that still allows it, says what
+	// recovery will then do — and the belief it does it on (issue 29,
+	// finding 8 and requirement 5): the button is not "retry now".
+	retry.caution(f.handBackDoes())
 
 	// The first action, from the truth as asked now.
 	switch {
@@ -202,7 +201,7 @@ func Advise(f Facts) Advice {
 	case f.NotStartedConclusive():
 		a.Suggested, a.Unambiguous = retry.Action, true
 		a.Suggestion = f.System + " has no record of the call and every earlier call's deadline (plus the margin) had passed when it was asked, " +
-			"so none can still arrive: retry — recovery sends the same call with the same key."
+			"so none can still arrive: hand it back — recovery sends the same call with the same key, " + f.safeAnyway() + "."
 	case f.Now == external.TruthNotStarted:
 		a.Suggested = ask.Action
 		a.Suggestion = fmt.Sprintf("%s has no record of the call yet, but an earlier call may still arrive until %s: ask again after that.",
@@ -287,6 +286,41 @@ func (c *Choice) caution(why string) {
 	if c.Enabled {
 		c.Caution = why
 	}
+}
+
+// handBackDoes is what handing the operation back to recovery does, for
+// the truth now and the belief (workflow/recover.go's decision tree), as
+// the caution under the button; "" where the suggestion says it.
+func (f Facts) handBackDoes() string {
+	switch {
+	case f.NotStartedConclusive():
+		return "" // the suggestion says it
+	case f.Now == external.TruthNotStarted:
+		return fmt.Sprintf("recovery waits until %s, when no earlier call can still arrive, then sends the same call with the same key — %s",
+			clock(f.ArrivesUntil), f.safeAnyway())
+	case f.Now == external.TruthRunning:
+		belief := f.System + " is believed idempotent, but"
+		if !f.Idempotent {
+			belief = f.System + " is not believed idempotent, and"
+		}
+		return "this sends nothing now: " + belief + " recovery never sends a call " + f.System +
+			" says it is still working on — it asks again, and finishes it once " + f.System + " says COMPLETED"
+	case f.Now == "":
+		if f.Idempotent {
+			return "recovery asks " + f.System + " first, and sends the same call with the same key only once it may: " + f.System + " is believed idempotent"
+		}
+		return f.System + " is not believed idempotent: recovery will ask again and back off, and never send the call blind — so this sends nothing until " + f.System + " answers"
+	}
+	return ""
+}
+
+// safeAnyway says why sending a call the system has no record of is safe
+// whatever the belief.
+func (f Facts) safeAnyway() string {
+	if f.Idempotent {
+		return "safe: " + f.System + " never applied the first, and is believed idempotent besides"
+	}
+	return "safe although " + f.System + " is not believed idempotent: it never applied the first, and a late copy is refused after its deadline"
 }
 
 func (f Facts) doneChoice() Choice {

@@ -219,6 +219,27 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 			fail("retry on an unknown truth does not say the system is not believed idempotent: %q", retry.Caution)
 		}
 	}
+	// The belief as well as the truth, for every truth that leaves "hand
+	// back" enabled (requirement 5): the card says what recovery will do
+	// with it, and names the belief that decides whether it sends.
+	if retry.Enabled {
+		says := retry.Caution
+		if a.Suggested == retry.Action {
+			says += " " + a.Suggestion
+		}
+		if strings.TrimSpace(says) == "" {
+			fail("hand back enabled without saying what recovery will do")
+		}
+		if f.Idempotent && (!strings.Contains(says, "is believed idempotent") || strings.Contains(says, "not believed idempotent")) {
+			fail("hand back on an idempotent system does not say it is believed idempotent: %q", says)
+		}
+		if !f.Idempotent && !strings.Contains(says, "not believed idempotent") {
+			fail("hand back on a system not believed idempotent does not say so: %q", says)
+		}
+		if strings.Contains(strings.ToLower(retry.Label), "retry") {
+			fail("the button says %q, but handing back sends nothing until recovery may", retry.Label)
+		}
+	}
 	for _, c := range a.Actions {
 		if !c.Enabled && c.Caution != "" {
 			fail("%s is disabled and cautioned at once", c.Action)

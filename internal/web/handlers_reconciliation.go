@@ -252,7 +252,7 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 		case string(workflow.ResolveDone):
 			b.Label, b.Why = "Mark done: "+n, "Their systems say COMPLETED: the effect happened, no second call is needed."
 		case string(workflow.ResolveRetry):
-			b.Label, b.Why = "Hand back to recovery: "+n, "Their systems have no record of the call and every deadline has passed: recovery sends the same call, same key."
+			b.Label, b.Why = "Hand back to recovery: "+n, "Their systems have no record of the call and every deadline has passed: recovery sends the same call, same key — safe whatever the belief about idempotency: none applied the first, and a late copy is refused after its deadline."
 		default:
 			b.Label, b.Why = "Mark failed: "+n, "Their systems refused the call and nothing was applied."
 		}
