@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -205,5 +206,42 @@ func TestLabsIndexSaysWhatEachLabPageSays(t *testing.T) {
 		if item == nil || own == nil || item[1] != own[1] || strings.TrimSpace(own[1]) == "" {
 			t.Errorf("lab %d (%s): the index says %q, its page %q", l.Number, l.Name, item, own)
 		}
+	}
+}
+
+// The Redis lab on a machine without Redis (issue 29, finding 15): the Labs
+// list says lab 1 needs it, and a run — from the API or from the lab's page —
+// says what is missing (503 lab-unavailable), never the generic "Something
+// went wrong on our side".
+func TestTheRedisLabWithoutRedisSaysWhatIsMissing(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0", "REDIS_SERVER": "/nonexistent/redis-server"})
+	const missing = "Redis does not answer at REDIS_URL"
+
+	r := s.do(runLabReq("redis", "demo-alice", "redis-away"))
+	var p struct{ Detail string }
+	r.JSON(t, &p)
+	if r.Status != http.StatusServiceUnavailable || r.problemType() != "lab-unavailable" || !strings.Contains(p.Detail, missing) {
+		t.Errorf("POST /api/v1/labs/redis/runs without Redis: %d %s, want 503 lab-unavailable saying %q", r.Status, r.Body, missing)
+	}
+
+	client := s.browserClient()
+	s.signIn(t, client, "alice")
+	list := doWith(t, client, s.URL, request{Method: "GET", Path: "/labs"})
+	if !regexp.MustCompile(`data-lab="redis"(?s:.)*?data-testid="lab-needs">needs Redis`).Match(list.Body) {
+		t.Errorf("the Labs list does not say the Redis lab needs Redis")
+	}
+	page := doWith(t, client, s.URL, request{Method: "GET", Path: "/labs/redis"})
+	form := url.Values{}
+	for _, m := range regexp.MustCompile(`name="(_csrf|idempotency_key)" value="([^"]*)"`).FindAllSubmatch(page.Body, -1) {
+		form.Set(string(m[1]), string(m[2]))
+	}
+	if form.Get("_csrf") == "" || form.Get("idempotency_key") == "" {
+		t.Fatalf("the Redis lab's page has no run form:\n%s", page.Body)
+	}
+	run := postForm(t, s, client, "/labs/redis/runs", form)
+	body := string(run.Body)
+	if run.Status != http.StatusServiceUnavailable || !strings.Contains(body, missing) || strings.Contains(body, "Something went wrong") {
+		t.Errorf("the lab's Run without Redis: %d, want 503 saying %q:\n%s", run.Status, missing, body)
 	}
 }
