@@ -87,6 +87,7 @@ var hostileRoutes = map[string]routeSpec{
 	"POST /signout":        {access: pageAny},
 	"GET /recovery":        {access: pageAny},
 	"GET /recovery/panel":  {access: pageAny},
+	"GET /code":            {access: pageAny},
 	"GET /code/*":          {access: pageAny},
 	"GET /static/code.css": {access: public},
 	"GET /docs":            {access: pageAny},

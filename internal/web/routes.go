@@ -115,6 +115,7 @@ func (app *App) routes() *echo.Echo {
 	e.GET("/payments", app.handlePaymentsPage, signedIn...)                                     // the fake payments service: faults, ledger, refunds by mode
 	e.GET("/recovery", app.handleRecoveryPage, page...)                                         // the recovery loops at work (everyone)
 	e.GET("/recovery/panel", app.handleRecoveryPanel, page...)                                  // its htmx partial
+	e.GET("/code", redirectTo("/code/"), page...)                                               // the code viewer's top folder, as /docs leads to /docs/
 	e.GET("/code/*", app.handleCodePage, page...)                                               // idemlab's own source, read-only: a file by line (#L120) or a folder
 	e.GET("/ideas/retry-is-not-recovery", app.handleRetryNotRecovery, page...)                  // retry and recovery side by side, each with its pages
 	e.GET("/ideas/crash-between-effect-and-record", app.handleCrashWindow, page...)             // what is durable, what recovery asks, why nothing runs twice
