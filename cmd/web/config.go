@@ -10,9 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/idemlab/idemlab/internal/crash"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web"
 )
 
@@ -49,6 +52,10 @@ type config struct {
 	// (addresses never limited: a load generator's host).
 	RateLimits    web.RateLimits
 	ShutdownGrace time.Duration
+	// PasswordCost is bcrypt's work factor for passwords (PASSWORD_COST,
+	// default users.PasswordCost, 12). The tests set bcrypt's minimum, 4:
+	// under the race detector a hash at 12 is seconds of CPU.
+	PasswordCost int
 
 	// The provider. With ProviderURL empty the fake provider runs in this
 	// process on ProviderAddr, and the app still calls it over HTTP.
@@ -174,6 +181,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.FakeDBMaxConns, err = intEnv(getenv, "FAKE_DB_MAX_CONNS", c.DBMaxConns); err != nil {
+		return c, err
+	}
+	if c.PasswordCost, err = passwordCostEnv(getenv); err != nil {
 		return c, err
 	}
 	if c.ShutdownGrace, err = durationEnv(getenv, "SHUTDOWN_GRACE", 10*time.Second); err != nil {
@@ -303,6 +313,19 @@ func intEnv(getenv func(string) string, name string, def int32) (int32, error) {
 		return 0, fmt.Errorf("%s: %q is not a positive whole number", name, v)
 	}
 	return int32(n), nil
+}
+
+// passwordCostEnv is PASSWORD_COST: a whole number in bcrypt's range.
+func passwordCostEnv(getenv func(string) string) (int, error) {
+	v := getenv("PASSWORD_COST")
+	if v == "" {
+		return users.PasswordCost, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < bcrypt.MinCost || n > bcrypt.MaxCost {
+		return 0, fmt.Errorf("PASSWORD_COST: %q is not a bcrypt cost from %d to %d", v, bcrypt.MinCost, bcrypt.MaxCost)
+	}
+	return n, nil
 }
 
 func durationEnv(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {

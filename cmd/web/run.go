@@ -236,6 +236,7 @@ func webConfig(cfg config) web.Config {
 		TrustedProxies:      cfg.TrustedProxies,
 		RateLimits:          cfg.RateLimits,
 		DemoMode:            cfg.DemoMode,
+		PasswordCost:        cfg.PasswordCost,
 		OperationLease:      cfg.OperationLease,
 		OperationsRetention: cfg.OperationsRetention,
 		ProviderTimeout:     cfg.ProviderTimeout,

@@ -56,6 +56,9 @@ func startServerOn(t testing.TB, db *testdb.DB, env map[string]string) *testServ
 		"NATS_URL":          testenv.NATSURL(t), // the machine's, or one embedded in the test binary
 		// The tests drive the demo: demo accounts, reset, crash switch.
 		"DEMO_MODE": "true",
+		// bcrypt's least work: at the default 12 each hash under the race
+		// detector is seconds of CPU (TestPasswordCost keeps the default).
+		"PASSWORD_COST": "4",
 	}
 	for k, v := range env {
 		vars[k] = v

@@ -202,13 +202,20 @@ func TestCookiesAndHSTSBehindATrustedTLSProxy(t *testing.T) {
 	}
 }
 
-// runCommand runs `web args…` to its end, as main would.
+// runCommand runs `web args…` to its end, as main would, with bcrypt's
+// least work unless env sets PASSWORD_COST (as startServer does).
 func runCommand(t *testing.T, env map[string]string, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := run(ctx, args, func(k string) string { return env[k] }, &out, testLogWriter{t})
+	getenv := func(k string) string {
+		if v, ok := env[k]; ok || k != "PASSWORD_COST" {
+			return v
+		}
+		return "4"
+	}
+	err := run(ctx, args, getenv, &out, testLogWriter{t})
 	return out.String(), err
 }
 
@@ -225,6 +232,10 @@ func TestOutsideDemoModePeopleSignInWithPasswords(t *testing.T) {
 	m := tokenLine.FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no token printed: %s", out)
+	}
+	var hash string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT password_bcrypt FROM users WHERE name = 'alice'`).Scan(&hash); err != nil || !strings.HasPrefix(hash, "$2a$04$") {
+		t.Errorf("alice's password hash %q (%v), want one at PASSWORD_COST 4", hash, err)
 	}
 	if _, err := runCommand(t, map[string]string{"DATABASE_URL": db.URL, "PASSWORD": "short"}, "user", "set", "bob"); err == nil {
 		t.Error("a 5-byte password was accepted")
@@ -280,5 +291,22 @@ func TestOutsideDemoModeTheDemoTokensStopTheStart(t *testing.T) {
 	}
 	if _, err := runCommand(t, map[string]string{"CRASH_AT": "after_claim"}, "serve"); err == nil || !strings.Contains(err.Error(), "DEMO_MODE") {
 		t.Errorf("CRASH_AT outside demo mode: %v", err)
+	}
+}
+
+// Passwords are hashed at bcrypt cost 12 unless PASSWORD_COST says
+// otherwise (the tests' 4); a cost bcrypt refuses stops the start.
+func TestPasswordCost(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]int{"": 12, "4": 4, "13": 13} {
+		cfg, err := loadConfig(func(k string) string { return map[string]string{"PASSWORD_COST": v}[k] })
+		if err != nil || cfg.PasswordCost != want {
+			t.Errorf("PASSWORD_COST=%q: cost %d (%v), want %d", v, cfg.PasswordCost, err, want)
+		}
+	}
+	for _, v := range []string{"3", "32", "twelve", "-1"} {
+		if _, err := loadConfig(func(k string) string { return map[string]string{"PASSWORD_COST": v}[k] }); err == nil {
+			t.Errorf("PASSWORD_COST=%q accepted", v)
+		}
 	}
 }

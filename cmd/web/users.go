@@ -46,7 +46,7 @@ func userCommand(ctx context.Context, cfg config, getenv func(string) string, lo
 	defer pool.Close()
 	defer direct.Close()
 	defer migrator.Close()
-	store := users.NewStore(pool)
+	store := users.NewStore(pool).WithPasswordCost(cfg.PasswordCost)
 
 	if *role == "" {
 		*role = users.RoleCustomer

@@ -1,6 +1,7 @@
 package users
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -22,6 +23,24 @@ import (
 // person signing in, a wall for someone guessing (and sign-in is rate
 // limited as well).
 const PasswordCost = 12
+
+// WithPasswordCost returns a copy of s that hashes passwords at cost
+// (PASSWORD_COST; 0 means PasswordCost). Only tests go lower: under the
+// race detector one hash at cost 12 is seconds of CPU, and a password set
+// at cost 4 proves the same. A hash is checked at the cost it was made
+// with, so lowering the cost weakens only the passwords set afterwards.
+func (s *Store) WithPasswordCost(cost int) *Store {
+	cost = cmp.Or(cost, PasswordCost)
+	return &Store{db: s.db, passwordCost: cost, dummyHash: sync.OnceValue(func() []byte {
+		// a hash of nothing anyone types, compared against when the name is
+		// unknown, so that the answer takes as long as for a known one
+		h, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), cost)
+		if err != nil {
+			panic(err)
+		}
+		return h
+	})}
+}
 
 // Password length bounds. bcrypt reads at most 72 bytes, so a longer
 // password would be silently cut; it is refused instead.
@@ -60,7 +79,7 @@ func (s *Store) ByPassword(ctx context.Context, name, password string) (User, er
 		return User{}, fmt.Errorf("users: sign in: %w", err)
 	}
 	if hash == nil {
-		bcrypt.CompareHashAndPassword(dummyHash(), []byte(password))
+		bcrypt.CompareHashAndPassword(s.dummyHash(), []byte(password))
 		return User{}, ErrWrongPassword
 	}
 	if bcrypt.CompareHashAndPassword([]byte(*hash), []byte(password)) != nil {
@@ -74,7 +93,7 @@ func (s *Store) SetPassword(ctx context.Context, name, password string) error {
 	if len(password) < MinPasswordLength || len(password) > MaxPasswordLength {
 		return ErrBadPassword
 	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(password), PasswordCost)
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), s.passwordCost)
 	if err != nil {
 		return fmt.Errorf("users: set password: %w", err)
 	}
@@ -125,13 +144,3 @@ func (s *Store) NewToken(ctx context.Context, name string) (string, error) {
 	}
 	return token, nil
 }
-
-// dummyHash is a bcrypt hash of nothing anyone types, compared against when
-// the name is unknown so that the answer takes as long as for a known one.
-var dummyHash = sync.OnceValue(func() []byte {
-	h, err := bcrypt.GenerateFromPassword([]byte(rand.Text()), PasswordCost)
-	if err != nil {
-		panic(err)
-	}
-	return h
-})

@@ -44,10 +44,14 @@ func HashToken(token string) []byte {
 // Store reads users.
 type Store struct {
 	db database.DBTX
+	// passwordCost is bcrypt's work factor for the passwords this store
+	// sets, and for the comparison an unknown name costs (dummyHash).
+	passwordCost int
+	dummyHash    func() []byte
 }
 
-// NewStore returns a Store over db.
-func NewStore(db database.DBTX) *Store { return &Store{db: db} }
+// NewStore returns a Store over db that hashes passwords at PasswordCost.
+func NewStore(db database.DBTX) *Store { return (&Store{db: db}).WithPasswordCost(PasswordCost) }
 
 // ByToken returns the user holding token, or ErrNotFound.
 func (s *Store) ByToken(ctx context.Context, token string) (User, error) {

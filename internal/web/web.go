@@ -52,6 +52,7 @@ type Config struct {
 	// DemoMode (DEMO_MODE) enables what only a demo may have: one-click
 	// "sign in as", the data reset and the crash switch (routes.go).
 	DemoMode       bool
+	PasswordCost   int           // PASSWORD_COST: bcrypt's work factor; 0 is users.PasswordCost
 	OperationLease time.Duration // OPERATION_LEASE: bounds invariant 6 by default
 	// OPERATIONS_RETENTION: invariant 4 cannot speak for policies cancelled
 	// before it (their operations may be purged)
@@ -188,7 +189,7 @@ func New(cfg Config, d Deps) *App {
 		migrator:  d.Migrator,
 		metrics:   newMetrics(d.Registry, d.Pool),
 
-		users:    users.NewStore(d.Pool),
+		users:    users.NewStore(d.Pool).WithPasswordCost(cfg.PasswordCost),
 		policies: policies.NewStore(d.Pool),
 		slots:    slots.NewStore(d.Pool),
 		booker:   d.Booker,
