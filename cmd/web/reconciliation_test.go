@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http"
+	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -499,4 +502,63 @@ func TestDoneByHandKeepsTheInvariantsGreen(t *testing.T) {
 		t.Fatalf("done by hand: %d %s", r.Status, r.Body)
 	}
 	s.assertInvariants(t)
+}
+
+// The desk's own "Try this" — heal, then ask again — races recovery's
+// re-ask (issue 29, finding 16). Recovery settles the item first; the
+// person's "ask again" then asks nothing, and the desk says that recovery
+// settled it before they asked (not "Asked again: 0 of 0 answered" above
+// "Nothing needs a person"); the API's answer counts the same.
+func TestAskingAgainAfterRecoverySettledItSaysSo(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, outageEnv)
+	outage(t, s, 1, 0)
+	heal(t, s)
+	ctx := context.Background()
+	var id int64
+	if err := s.DB.Pool.QueryRow(ctx, `
+		UPDATE operations
+		   SET next_attempt_at = now() -- recovery's re-ask is due now: it asks before the person does
+		 WHERE status = 'NEEDS_RECONCILIATION'
+		RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	client := s.browserClient()
+	s.signIn(t, client, "admin")
+	page := doWith(t, client, s.URL, request{Method: "GET", Path: "/reconciliation"})
+	csrf := csrfInput.FindSubmatch(page.Body)
+	if csrf == nil {
+		t.Fatalf("no CSRF field on the desk")
+	}
+	waitUntil(t, 30*time.Second, func() bool {
+		var status string
+		s.DB.Pool.QueryRow(ctx, `SELECT status FROM operations WHERE id = $1`, id).Scan(&status)
+		return status == "SUCCEEDED"
+	})
+	r := postForm(t, s, client, "/reconciliation/ask", url.Values{"_csrf": {string(csrf[1])}, "id": {fmt.Sprint(id)}})
+	if r.Status != http.StatusSeeOther {
+		t.Fatalf("ask again: %d %s", r.Status, r.Body)
+	}
+	desk := string(doWith(t, client, s.URL, request{Method: "GET", Path: r.Header.Get("Location")}).Body)
+	notice := html.UnescapeString(regexp.MustCompile(`(?s)data-testid="notice">(.*?)</p>`).FindStringSubmatch(desk)[1])
+	for _, want := range []string{"Nothing was asked again", "1 of the 1 you asked about no longer waits for a person",
+		"recovery settled 1 on its own", "before you asked", "None of them waits"} {
+		if !strings.Contains(notice, want) {
+			t.Errorf("the notice %q does not say %q", notice, want)
+		}
+	}
+	if strings.Contains(notice, "0 of 0") {
+		t.Errorf("the notice %q counts nothing and says nothing of recovery", notice)
+	}
+	var a struct {
+		Asked      int `json:"asked"`
+		ByRecovery int `json:"settled_by_recovery"`
+		ByPerson   int `json:"decided_by_a_person"`
+		Waiting    int `json:"still_waiting"`
+	}
+	s.do(request{Method: "POST", Path: "/api/v1/reconciliation/ask", Token: "demo-admin",
+		Body: fmt.Sprintf(`{"operation_ids":[%d]}`, id)}).JSON(t, &a)
+	if a.Asked != 0 || a.ByRecovery != 1 || a.ByPerson != 0 || a.Waiting != 0 {
+		t.Errorf("the API's answer: %+v, want asked 0, settled by recovery 1", a)
+	}
 }

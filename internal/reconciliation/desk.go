@@ -349,6 +349,42 @@ func (d *Desk) AskAgain(ctx context.Context, ids []int64, actor string, timeout 
 	return n, answered, nil
 }
 
+// Settled is what became of operations a person asked about: how many
+// still wait for a person, and of those that no longer do, how many
+// recovery took back on its own (its own question, asked meanwhile, had
+// settled them) and how many a person decided (or acted on).
+type Settled struct {
+	Waiting    int `json:"still_waiting"`
+	ByRecovery int `json:"settled_by_recovery"`
+	ByPerson   int `json:"decided_by_a_person"`
+}
+
+// Settled says what became of ids since they waited for a person, read
+// from how each last left the desk: recovery's take-back is the re-ask
+// branch (workflow.BranchReasked); any other way out is a person's.
+func (d *Desk) Settled(ctx context.Context, ids []int64) (Settled, error) {
+	var s Settled
+	err := d.pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE o.status = 'NEEDS_RECONCILIATION'),
+		       count(*) FILTER (WHERE o.status <> 'NEEDS_RECONCILIATION' AND out.left_desk AND out.branch = $2),
+		       count(*) FILTER (WHERE o.status <> 'NEEDS_RECONCILIATION' AND out.left_desk AND out.branch IS DISTINCT FROM $2)
+		  FROM operations o
+		  LEFT JOIN LATERAL (
+		        -- its latest way out of the desk (none: it never waited, and is not counted)
+		        SELECT true AS left_desk, e.branch
+		          FROM operation_events e
+		         WHERE e.operation_id = o.id
+		           AND e.from_status = 'NEEDS_RECONCILIATION'
+		           AND e.to_status <> 'NEEDS_RECONCILIATION'
+		         ORDER BY e.at DESC, e.id DESC
+		         LIMIT 1) out ON true
+		 WHERE o.id = ANY($1)`, ids, workflow.BranchReasked).Scan(&s.Waiting, &s.ByRecovery, &s.ByPerson)
+	if err != nil {
+		return Settled{}, fmt.Errorf("reconciliation: what became of the items asked about: %w", err)
+	}
+	return s, nil
+}
+
 // Decision is one line of the desk's audit trail.
 type Decision struct {
 	ID              int64     `json:"id"`

@@ -273,14 +273,14 @@ func deskNotice(q url.Values) string {
 	}
 	if asked, ok := num("asked"); ok {
 		answered, _ := num("answered")
-		s := fmt.Sprintf("Asked again: %d of %d answered. The cards below advise from the new answers.", answered, asked)
-		if posted, ok := num("posted"); ok && posted > asked {
-			// Recovery asks too, on its own schedule: it may settle an item
-			// between the page's render and the press.
-			s += fmt.Sprintf(" %d of the %d you asked about no longer waited for a person: recovery (or another admin) settled them first — their operation pages say how.",
-				posted-asked, posted)
+		posted, _ := num("posted")
+		waiting, ok := num("waiting")
+		if !ok {
+			waiting = -1 // not said: nothing is claimed about it
 		}
-		return s
+		byRecovery, _ := num("by_recovery")
+		byPerson, _ := num("by_person")
+		return askNotice(asked, answered, posted, waiting, byRecovery, byPerson)
 	}
 	if decided, ok := num("decided"); ok {
 		changed, _ := num("changed")
@@ -301,6 +301,56 @@ func deskNotice(q url.Values) string {
 		}
 	}
 	return ""
+}
+
+// askNotice says what asking again did, and what became of the items
+// asked about (issue 29, finding 16): recovery asks on its own too, and
+// when it settled them first — before the press, or while the person's
+// questions were on their way — the desk says so instead of "0 of 0
+// answered" above an empty desk. Of posted items, those not asked had
+// stopped waiting before the press; the rest of those gone, during it.
+func askNotice(asked, answered, posted, waiting, byRecovery, byPerson int) string {
+	var s string
+	if asked > 0 {
+		s = fmt.Sprintf("Asked again: %d of %d answered.", answered, asked)
+	} else {
+		s = "Nothing was asked again."
+	}
+	if gone := byRecovery + byPerson; gone > 0 {
+		var who []string
+		if byRecovery > 0 {
+			who = append(who, fmt.Sprintf("recovery settled %d on its own (it asks again too, and learned the truth)", byRecovery))
+		}
+		if byPerson > 0 {
+			who = append(who, fmt.Sprintf("another admin decided %d", byPerson))
+		}
+		before := min(max(posted-asked, 0), gone)
+		var when string
+		switch {
+		case before == gone:
+			when = "before you asked"
+		case before == 0:
+			when = "while you asked"
+		default:
+			when = fmt.Sprintf("%d before you asked, %d while you asked", before, gone-before)
+		}
+		s += fmt.Sprintf(" %d of the %d you asked about no longer %s for a person: %s — %s. Their operation pages say how.",
+			gone, max(posted, gone), verb(gone, "waits", "wait"), strings.Join(who, "; "), when)
+	}
+	switch {
+	case waiting > 0 && asked > 0:
+		s += " The cards below advise from the new answers."
+	case waiting == 0 && posted > 0:
+		s += " None of them waits for a person now."
+	}
+	return s
+}
+
+func verb(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // deskCard is an item as its card shows it.
@@ -550,7 +600,20 @@ func (app *App) handleAskAPI(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, map[string]int{"asked": asked, "answered": answered})
+	settled, err := app.desk.Settled(c.Request().Context(), ids)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, askAnswer{Asked: asked, Answered: answered, Settled: settled})
+}
+
+// askAnswer is what asking again answers: how many were asked and
+// answered, and what became of the operations named — recovery asks on its
+// own too, and may have settled some before or while they were asked.
+type askAnswer struct {
+	Asked    int `json:"asked"`
+	Answered int `json:"answered"`
+	reconciliation.Settled
 }
 
 // askIDs is ids, or every waiting operation when ids is empty.
@@ -593,8 +656,16 @@ func (app *App) handleAskForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// Read after the asking: recovery may have taken an item back while it
+	// was asked, not only before.
+	settled, err := app.desk.Settled(c.Request().Context(), ids)
+	if err != nil {
+		return err
+	}
 	return c.Redirect(http.StatusSeeOther, deskURL(c.FormValue("return"), url.Values{
-		"asked": {strconv.Itoa(asked)}, "answered": {strconv.Itoa(answered)}, "posted": {strconv.Itoa(len(ids))}}))
+		"asked": {strconv.Itoa(asked)}, "answered": {strconv.Itoa(answered)}, "posted": {strconv.Itoa(len(ids))},
+		"waiting": {strconv.Itoa(settled.Waiting)}, "by_recovery": {strconv.Itoa(settled.ByRecovery)},
+		"by_person": {strconv.Itoa(settled.ByPerson)}}))
 }
 
 // deskURL is the desk with the posted filter (only what parses) and extra.
