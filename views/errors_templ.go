@@ -255,7 +255,7 @@ func RateLimited(v RateLimitedView) templ.Component {
 			return templ_7745c5c3_Err
 		}
 		if v.Limit == "labs" {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "<p>Each lab run is tens of transactions on connections of its own, so each person's runs are limited (the rate below): enough to click through every lab and run each again, not a loop of runs. Meanwhile, read the lab's lesson and its last result: they stay on its page.</p>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "<p>Each lab run is tens of transactions on connections of its own, so each person's runs are limited, to the rate below. Meanwhile, read the lab's lesson and its last result: they stay on its page.</p>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
