@@ -455,8 +455,10 @@ func countTrue(m map[int64]bool) int {
 
 type actionJSON struct {
 	Action   string `json:"action"`
+	Label    string `json:"label"`
 	Enabled  bool   `json:"enabled"`
 	Disabled string `json:"disabled_because"`
+	Caution  string `json:"caution"`
 }
 
 func findAction(actions []actionJSON, name string) actionJSON {
@@ -560,5 +562,79 @@ func TestAskingAgainAfterRecoverySettledItSaysSo(t *testing.T) {
 		Body: fmt.Sprintf(`{"operation_ids":[%d]}`, id)}).JSON(t, &a)
 	if a.Asked != 0 || a.ByRecovery != 1 || a.ByPerson != 0 || a.Waiting != 0 {
 		t.Errorf("the API's answer: %+v, want asked 0, settled by recovery 1", a)
+	}
+}
+
+// The README's Payments recipe, from the pages (issue 29, finding 17): as
+// admin, make payments not idempotent (the page's switch: the fake and the
+// belief together), lost_response, status queries failing; cancel a policy
+// as alice. The refund is paid, its answer lost, payments cannot be asked:
+// recovery hands the cancellation to a person without sending the refund
+// again. The desk's button is "Hand back to recovery" and says it sends
+// nothing until payments answers; pressed, it sends nothing — one refund
+// in the ledger, never "refunded twice".
+func TestTheReadmesRefundRecipeRefundsOnce(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{
+		"PAYMENTS_TIMEOUT":  "500ms",
+		"RECOVERY_INTERVAL": "100ms", "RECOVERY_POLL_INTERVAL": "100ms", "RECOVERY_MAX_POLLS": "1",
+		"RECOVERY_BACKOFF": "200ms", "RECOVERY_MAX_ATTEMPTS": "2", "RECOVERY_REASK_INTERVAL": "1h",
+		"INSTANCE_ID": "app-1",
+	})
+	admin := s.browserClient()
+	s.signIn(t, admin, "admin")
+	page := doWith(t, admin, s.URL, request{Method: "GET", Path: "/payments"})
+	csrf := string(csrfInput.FindSubmatch(page.Body)[1])
+	for _, form := range []url.Values{{"idempotent": {"false"}}, {"mode": {"lost_response"}}, {"status_mode": {"error"}}} {
+		form.Set("_csrf", csrf)
+		if r := postForm(t, s, admin, "/payments/faults", form); r.Status != http.StatusSeeOther {
+			t.Fatalf("payments form %v: %d %s", form, r.Status, r.Body)
+		}
+	}
+	pid := s.policyOf(t, "demo-alice", 0)
+	var op operationJSON
+	s.do(cancelReq(pid, "demo-alice", "readme-refund", "")).JSON(t, &op)
+	ctx := context.Background()
+	status := func() string {
+		var st string
+		s.DB.Pool.QueryRow(ctx, `SELECT status FROM operations WHERE id = $1`, op.ID).Scan(&st)
+		return st
+	}
+	waitUntil(t, 60*time.Second, func() bool { return status() == "NEEDS_RECONCILIATION" })
+	if n := s.refunds(t, pid); n != 1 {
+		t.Fatalf("refunds %d before a person decides, want 1 (lost_response pays it; recovery must not pay it again)", n)
+	}
+	d := s.desk(t, "")
+	if d.Total != 1 {
+		t.Fatalf("desk: %+v", d)
+	}
+	it := d.Items[0]
+	back := findAction(it.Advice.Actions, "retry")
+	if !back.Enabled || back.Label != "Hand back to recovery" || !strings.Contains(back.Caution, "not believed idempotent") ||
+		!strings.Contains(back.Caution, "sends nothing until payments answers") {
+		t.Fatalf("the card's hand-back: %+v", back)
+	}
+	body, _ := json.Marshal(map[string]any{"action": "retry", "seen_updated_at": it.SeenUpdatedAt, "truth_seen": it.TruthNow})
+	if r := s.do(request{Method: "POST", Path: fmt.Sprintf("/api/v1/admin/operations/%d/resolve", op.ID), Token: "demo-admin",
+		Body: string(body), Header: map[string]string{"Idempotency-Key": "readme-hand-back"}}); r.Status != http.StatusOK {
+		t.Fatalf("hand back: %d %s", r.Status, r.Body)
+	}
+	// Recovery asks, cannot, backs off and, out of attempts, hands it back
+	// to a person — sending nothing.
+	waitUntil(t, 60*time.Second, func() bool { return status() == "NEEDS_RECONCILIATION" })
+	if n := s.refunds(t, pid); n != 1 {
+		t.Fatalf("refunds %d after handing back, want 1: the button said it sends nothing", n)
+	}
+	var ledger struct {
+		BySubject []struct {
+			PolicyID *int64 `json:"policy_id"`
+			Refunds  int64  `json:"refunds"`
+		} `json:"by_subject"`
+	}
+	s.do(request{Method: "GET", Path: "/api/v1/payments/ledger", Token: "demo-admin"}).JSON(t, &ledger)
+	for _, l := range ledger.BySubject {
+		if l.PolicyID != nil && *l.PolicyID == pid && l.Refunds != 1 {
+			t.Fatalf("the Payments page's ledger shows %d refunds for the policy", l.Refunds)
+		}
 	}
 }
