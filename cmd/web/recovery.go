@@ -62,16 +62,16 @@ func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provide
 }
 
 // seedBeliefs tells the app what the environment says about each system
-// (workflow.SeedBelief: a person's word since the last start outlives it),
+// (recovery.SeedBelief: a person's word since the last start outlives it),
 // waiting for a database that went away after the migration.
 func seedBeliefs(ctx context.Context, cfg config, pool *pgxpool.Pool, logger *slog.Logger) error {
 	for _, system := range slices.Sorted(maps.Keys(cfg.Beliefs)) {
 		type seeded struct {
-			workflow.Belief
+			recovery.Belief
 			applied bool
 		}
 		s, err := database.WaitFor(ctx, logger, "seed the belief about "+system, func(ctx context.Context) (seeded, error) {
-			b, applied, err := workflow.SeedBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSources[system], cfg.InstanceID)
+			b, applied, err := recovery.SeedBelief(ctx, pool, system, cfg.Beliefs[system], cfg.beliefSources[system], cfg.InstanceID)
 			return seeded{b, applied}, err
 		})
 		if err != nil {

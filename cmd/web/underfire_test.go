@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemlab/idemlab/internal/netfault"
 	"github.com/idemlab/idemlab/internal/pgcluster"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/testdb"
-	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // Regression tests for what a chaos run found (issue 11): a database that
@@ -344,7 +344,7 @@ func TestAStartWaitsForADatabaseThatLeftAfterItsMigration(t *testing.T) {
 	if err := <-beliefs; err != nil {
 		t.Fatalf("the beliefs with the database away for a second: %v", err)
 	}
-	if b, err := workflow.NewEngine(pool, workflow.Config{}).Belief(ctx, "provider"); err != nil || b.Idempotent {
+	if b, err := recovery.ReadBelief(ctx, pool, "provider"); err != nil || b.Idempotent {
 		t.Fatalf("belief after the seed: %+v %v; want not idempotent", b, err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
-	"github.com/idemlab/idemlab/internal/workflow"
+	"github.com/idemlab/idemlab/internal/recovery"
 )
 
 // Lab 8: what the app believes about a system. Whether a repeated call
@@ -37,7 +37,7 @@ var beliefLab = &Lab{
 	Code: []CodeRef{
 		{Path: "internal/workflow/recover.go", Text: "if b.Idempotent && a.r.op.CancelRequestedAt == nil { // after a cancel, only asking",
 			Says: "the engine repeats an unknown call only on a system believed idempotent"},
-		{Path: "internal/workflow/recover.go", Text: "return a.backOff(ctx, i, BranchBackoff, seen+\"; \"+b.says()+\": calling again could apply it twice, so recovery asks again later\", 0, true)",
+		{Path: "internal/workflow/recover.go", Text: "return a.backOff(ctx, i, BranchBackoff, seen+\"; \"+b.Says()+\": calling again could apply it twice, so recovery asks again later\", 0, true)",
 			Says: "otherwise it backs off and, out of attempts, a person decides"},
 		{Path: "internal/labs/belief.go", Text: "by = \"the wrong-belief lab: deliberately wrong, the system is not idempotent\"",
 			Says: "the lab's mismatch of belief and system, labelled where it is set"},
@@ -90,7 +90,7 @@ func (e *env) recoverByBelief(ctx context.Context, sys *fakeSystem, variant stri
 	if believed {
 		by = "the wrong-belief lab: deliberately wrong, the system is not idempotent"
 	}
-	belief, err := workflow.SetBelief(ctx, e.lab, system, believed, by)
+	belief, err := recovery.SetBelief(ctx, e.lab, system, believed, by)
 	if err != nil {
 		return v, err
 	}

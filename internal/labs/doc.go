@@ -34,7 +34,7 @@
 //     it; the web layer only asks to run a lab by name.
 //   - Its own data: the labs schema (migrations/00040_labs.sql), whose
 //     tables shared with the app have the app's exact shape so that the app's
-//     own code (idempotency.Store, events.Handler, workflow.SetBelief) runs
+//     own code (idempotency.Store, events.Handler, recovery.SetBelief) runs
 //     on them unchanged, with search_path = labs. The fake systems are
 //     built on internal/fault under system names of their own ('labs',
 //     'labs-belief') with their state in labs.fake_requests and

@@ -611,7 +611,7 @@ func TestADelayedOriginalIsNotAppliedTwice(t *testing.T) {
 	if _, err := b.fake.SetFaults(ctx, f); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := workflow.SetBelief(ctx, b.db.Pool, "provider", false, "the test"); err != nil {
+	if _, err := recovery.SetBelief(ctx, b.db.Pool, "provider", false, "the test"); err != nil {
 		t.Fatal(err)
 	}
 	proxy, err := netfault.Listen(strings.TrimPrefix(b.url, "http://"), netfault.Options{})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -162,7 +163,7 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 			it.Calls = append(it.Calls, c)
 		}
 	}
-	beliefs, err := workflow.Beliefs(ctx, db)
+	beliefs, err := recovery.Beliefs(ctx, db)
 	if err != nil {
 		return nil, err
 	}

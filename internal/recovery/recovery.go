@@ -119,7 +119,7 @@ type Result struct {
 // Budget bounds what a recoverer may do with one claim. The loop passes the
 // same budget to every recoverer, from its Config. What the app believes
 // about each system's idempotency is not here: it is one setting per system
-// in the database, read at the moment of each decision (workflow.Belief).
+// in the database, read at the moment of each decision (Belief, belief.go).
 type Budget struct {
 	// Lease is the claimer's lease; renewed (fenced) before every wait.
 	Lease time.Duration

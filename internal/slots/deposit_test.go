@@ -385,7 +385,7 @@ func TestAHoldWithAnUnknownChargeOutlivesItsTimer(t *testing.T) {
 	// Nobody can ask, and the app does not believe a repeat is safe: nothing
 	// is learned, nothing sent again.
 	s.setFault(t, func(f *fault.Fault) { f.Mode, f.StatusMode = fault.ModeDrop, fault.StatusError })
-	if _, err := workflow.SetBelief(ctx, s.db.Pool, "payments", false, "the test"); err != nil {
+	if _, err := recovery.SetBelief(ctx, s.db.Pool, "payments", false, "the test"); err != nil {
 		t.Fatal(err)
 	}
 	recoverAnHourLater()

@@ -22,6 +22,7 @@ import (
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -104,7 +105,7 @@ var errorTable = []struct {
 	{workflow.ErrRetryStepTookEffect, http.StatusConflict, "retry-step-took-effect", "The step took effect"},
 	{workflow.ErrRetryStepNotNext, http.StatusConflict, "retry-step-not-next", "The operation did not stop at that step"},
 	{workflow.ErrRetryAfterUndo, http.StatusConflict, "retry-after-undo", "What the earlier steps did was undone"},
-	{workflow.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
+	{recovery.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
 	{events.ErrEventNotFound, http.StatusNotFound, "not-found", "Event not found"},

@@ -10,7 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/fault"
-	"github.com/idemlab/idemlab/internal/workflow"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/views"
 )
 
@@ -72,7 +72,7 @@ func (app *App) paymentsAdmin() fakeAdmin {
 // believer sets what the app believes about system.
 func (app *App) believer(system string) func(ctx context.Context, idempotent bool, by string) error {
 	return func(ctx context.Context, idempotent bool, by string) error {
-		_, err := workflow.SetBelief(ctx, app.pool, system, idempotent, by)
+		_, err := recovery.SetBelief(ctx, app.pool, system, idempotent, by)
 		return err
 	}
 }
@@ -307,7 +307,7 @@ func (app *App) faultsView(c echo.Context, system string, cfg fault.Config, time
 		}
 		v.Late = append(v.Late, l.Message)
 	}
-	beliefs, err := workflow.Beliefs(c.Request().Context(), app.pool)
+	beliefs, err := recovery.Beliefs(c.Request().Context(), app.pool)
 	if err != nil {
 		return v, err
 	}

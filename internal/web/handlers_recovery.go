@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemlab/idemlab/internal/database"
+	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/users"
 	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -21,7 +22,7 @@ type recoverySnapshot struct {
 	Counts   map[string]int            `json:"counts"`
 	Live     []readmodel.LiveOperation `json:"live"`
 	Recent   []readmodel.RecoveryEvent `json:"recent"`
-	Beliefs  []workflow.Belief         `json:"systems"`
+	Beliefs  []recovery.Belief         `json:"systems"`
 }
 
 type recoverySettings struct {
@@ -55,7 +56,7 @@ func (app *App) recoverySnapshot(ctx context.Context, u users.User) (recoverySna
 	if err != nil {
 		return recoverySnapshot{}, err
 	}
-	beliefs, err := workflow.Beliefs(ctx, app.pool)
+	beliefs, err := recovery.Beliefs(ctx, app.pool)
 	if err != nil {
 		return recoverySnapshot{}, err
 	}

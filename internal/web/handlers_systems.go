@@ -5,13 +5,13 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemlab/idemlab/internal/workflow"
+	"github.com/idemlab/idemlab/internal/recovery"
 )
 
 // handleListSystems: GET /api/v1/admin/systems — what the app believes
 // about each external system's idempotency, and who set it when.
 func (app *App) handleListSystems(c echo.Context) error {
-	list, err := workflow.Beliefs(c.Request().Context(), app.pool)
+	list, err := recovery.Beliefs(c.Request().Context(), app.pool)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (app *App) handlePutSystem(c echo.Context) error {
 			"believed_idempotent must be true or false").With("field", "believed_idempotent")
 	}
 	u, _ := userFrom(c)
-	b, err := workflow.SetBelief(c.Request().Context(), app.pool, c.Param("name"), *in.BelievedIdempotent,
+	b, err := recovery.SetBelief(c.Request().Context(), app.pool, c.Param("name"), *in.BelievedIdempotent,
 		u.Name+" (admin, "+app.actor(c)+")")
 	if err != nil {
 		return err

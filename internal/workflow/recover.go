@@ -182,14 +182,14 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 	if a.askErr == nil { // RUNNING: the system has the call; asking again later is all there is to do
 		return a.backOff(ctx, i, BranchBackoff, seen, 0, true)
 	}
-	b, err := a.r.e.Belief(ctx, system)
+	b, err := recovery.ReadBelief(ctx, a.r.e.pool, system)
 	if err != nil {
 		return recovery.Result{}, err
 	}
 	if b.Idempotent && a.r.op.CancelRequestedAt == nil { // after a cancel, only asking
-		return a.resend(ctx, i, BranchRetryUnknown, seen+"; "+b.says()+", so the same call was sent again")
+		return a.resend(ctx, i, BranchRetryUnknown, seen+"; "+b.Says()+", so the same call was sent again")
 	}
-	return a.backOff(ctx, i, BranchBackoff, seen+"; "+b.says()+": calling again could apply it twice, so recovery asks again later", 0, true)
+	return a.backOff(ctx, i, BranchBackoff, seen+"; "+b.Says()+": calling again could apply it twice, so recovery asks again later", 0, true)
 }
 
 // ask queries the truth of step i's key; the answer is appended to

@@ -149,7 +149,7 @@ func (b *Bundle) Loop(t *testing.T, name string, tune func(*recovery.Config)) Wo
 // Believe sets what the app believes about the provider's idempotency.
 func (b *Bundle) Believe(t *testing.T, idempotent bool) {
 	t.Helper()
-	if _, err := workflow.SetBelief(context.Background(), b.DB.Pool, "provider", idempotent, "the test"); err != nil {
+	if _, err := recovery.SetBelief(context.Background(), b.DB.Pool, "provider", idempotent, "the test"); err != nil {
 		t.Fatal(err)
 	}
 }

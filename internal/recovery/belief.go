@@ -1,4 +1,4 @@
-package workflow
+package recovery
 
 import (
 	"context"
@@ -24,10 +24,10 @@ type Belief struct {
 }
 
 // ErrUnknownSystem: no external system by that name.
-var ErrUnknownSystem = errors.New("workflow: no such external system")
+var ErrUnknownSystem = errors.New("recovery: no such external system")
 
-// says states the belief for the timeline.
-func (b Belief) says() string {
+// Says states the belief for the timeline.
+func (b Belief) Says() string {
 	not := ""
 	if !b.Idempotent {
 		not = "NOT "
@@ -38,21 +38,21 @@ func (b Belief) says() string {
 
 const beliefColumns = `name, believed_idempotent, updated_at, updated_by`
 
-// Belief reads the belief about system now.
-func (e *Engine) Belief(ctx context.Context, system string) (Belief, error) {
-	rows, err := e.pool.Query(ctx, `
+// ReadBelief reads the belief about system now, in db.
+func ReadBelief(ctx context.Context, db database.DBTX, system string) (Belief, error) {
+	rows, err := db.Query(ctx, `
 		SELECT `+beliefColumns+`
 		  FROM external_systems
 		 WHERE name = $1`, system)
 	if err != nil {
-		return Belief{}, fmt.Errorf("workflow: belief about %s: %w", system, err)
+		return Belief{}, fmt.Errorf("recovery: belief about %s: %w", system, err)
 	}
 	b, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Belief])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Belief{}, fmt.Errorf("%w: %q", ErrUnknownSystem, system)
 	}
 	if err != nil {
-		return Belief{}, fmt.Errorf("workflow: belief about %s: %w", system, err)
+		return Belief{}, fmt.Errorf("recovery: belief about %s: %w", system, err)
 	}
 	return b, nil
 }
@@ -64,11 +64,11 @@ func Beliefs(ctx context.Context, db database.DBTX) ([]Belief, error) {
 		  FROM external_systems
 		 ORDER BY name`)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: beliefs: %w", err)
+		return nil, fmt.Errorf("recovery: beliefs: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Belief])
 	if err != nil {
-		return nil, fmt.Errorf("workflow: beliefs: %w", err)
+		return nil, fmt.Errorf("recovery: beliefs: %w", err)
 	}
 	return list, nil
 }
@@ -86,14 +86,14 @@ func SetBelief(ctx context.Context, db database.DBTX, system string, idempotent 
 		 WHERE name = $1
 		RETURNING `+beliefColumns, system, idempotent, by)
 	if err != nil {
-		return Belief{}, fmt.Errorf("workflow: set belief about %s: %w", system, err)
+		return Belief{}, fmt.Errorf("recovery: set belief about %s: %w", system, err)
 	}
 	b, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Belief])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Belief{}, fmt.Errorf("%w: %q", ErrUnknownSystem, system)
 	}
 	if err != nil {
-		return Belief{}, fmt.Errorf("workflow: set belief about %s: %w", system, err)
+		return Belief{}, fmt.Errorf("recovery: set belief about %s: %w", system, err)
 	}
 	return b, nil
 }
@@ -130,17 +130,17 @@ func SeedBelief(ctx context.Context, db database.DBTX, system string, idempotent
 		 WHERE name = $1 AND NOT EXISTS (SELECT FROM seeded)`,
 		system, idempotent, variable+startedBy+instance, startedBy)
 	if err != nil {
-		return Belief{}, false, fmt.Errorf("workflow: seed belief about %s: %w", system, err)
+		return Belief{}, false, fmt.Errorf("recovery: seed belief about %s: %w", system, err)
 	}
 	defer rows.Close()
 	if !rows.Next() {
 		if err := rows.Err(); err != nil {
-			return Belief{}, false, fmt.Errorf("workflow: seed belief about %s: %w", system, err)
+			return Belief{}, false, fmt.Errorf("recovery: seed belief about %s: %w", system, err)
 		}
 		return Belief{}, false, fmt.Errorf("%w: %q", ErrUnknownSystem, system)
 	}
 	if err := rows.Scan(&b.System, &b.Idempotent, &b.UpdatedAt, &b.UpdatedBy, &applied); err != nil {
-		return Belief{}, false, fmt.Errorf("workflow: seed belief about %s: %w", system, err)
+		return Belief{}, false, fmt.Errorf("recovery: seed belief about %s: %w", system, err)
 	}
 	rows.Close()
 	return b, applied, rows.Err()
