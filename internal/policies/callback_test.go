@@ -12,6 +12,7 @@ import (
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -164,11 +165,11 @@ func TestCallbacksNeverMoveAStepBackwards(t *testing.T) {
 	if got.Status != workflow.StatusSucceeded || state(got, policies.StepProviderCancel) != workflow.StepDone {
 		t.Fatalf("%+v", got)
 	}
-	kept, err := b.engine.Callbacks(ctx, workflow.CallbackFilter{UnknownOnly: true})
+	kept, err := readmodel.Callbacks(ctx, b.db.Pool, readmodel.CallbackFilter{UnknownOnly: true})
 	if err != nil || len(kept) != 1 || kept[0].StepKey != "999:provider_cancel" {
 		t.Fatalf("kept for a person: %+v %v", kept, err)
 	}
-	list, _ := b.engine.Callbacks(ctx, workflow.CallbackFilter{OperationID: op.ID})
+	list, _ := readmodel.Callbacks(ctx, b.db.Pool, readmodel.CallbackFilter{OperationID: op.ID})
 	if len(list) != 3 || list[len(list)-1].Duplicates != 1 {
 		t.Fatalf("the operation's callbacks: %+v", list)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/recovery"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -36,16 +37,16 @@ func New(pool *pgxpool.Pool, engine *workflow.Engine) *Desk {
 
 // Item is one operation waiting for a person, with its evidence.
 type Item struct {
-	Operation  workflow.Operation    `json:"operation"`
-	Stuck      workflow.StepRecord   `json:"stuck_step"`
-	HandedOver time.Time             `json:"handed_over_at"`
-	Facts      Facts                 `json:"-"`
-	Advice     Advice                `json:"advice"`
-	Calls      []workflow.CallRecord `json:"calls"` // every exchange for the stuck step, oldest first
+	Operation  workflow.Operation     `json:"operation"`
+	Stuck      workflow.StepRecord    `json:"stuck_step"`
+	HandedOver time.Time              `json:"handed_over_at"`
+	Facts      Facts                  `json:"-"`
+	Advice     Advice                 `json:"advice"`
+	Calls      []readmodel.CallRecord `json:"calls"` // every exchange for the stuck step, oldest first
 	// ThenCall and NowCall are the status answers Facts.Then and Facts.Now
 	// come from (nil: none).
-	ThenCall *workflow.CallRecord `json:"then_call"`
-	NowCall  *workflow.CallRecord `json:"now_call"`
+	ThenCall *readmodel.CallRecord `json:"then_call"`
+	NowCall  *readmodel.CallRecord `json:"now_call"`
 }
 
 // Truth is the card's truth now in one word: a system's answer, or UNKNOWN;
@@ -154,7 +155,7 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 	if err != nil {
 		return nil, fmt.Errorf("reconciliation: calls: %w", err)
 	}
-	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.CallRecord])
+	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[readmodel.CallRecord])
 	if err != nil {
 		return nil, fmt.Errorf("reconciliation: calls: %w", err)
 	}
@@ -175,7 +176,7 @@ func (d *Desk) items(ctx context.Context, db database.DBTX, cfg Config, ops []wo
 		it := &items[i]
 		it.HandedOver = handed[it.Operation.ID]
 		if it.Calls == nil {
-			it.Calls = []workflow.CallRecord{}
+			it.Calls = []readmodel.CallRecord{}
 		}
 		it.Facts = d.facts(cfg, it, idempotent)
 		it.Advice = Advise(it.Facts)

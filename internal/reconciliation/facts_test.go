@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -18,12 +19,12 @@ func TestARefusalStaysTheTruthUntilAnAnswerSaysOtherwise(t *testing.T) {
 	payments, rejected, completed := "payments", string(external.TruthRejected), string(external.TruthCompleted)
 	handed := time.Date(2026, 12, 5, 1, 0, 0, 0, time.UTC)
 	deadline := handed.Add(-time.Second)
-	refusedItem := func(calls ...workflow.CallRecord) *Item {
+	refusedItem := func(calls ...readmodel.CallRecord) *Item {
 		return &Item{
 			Operation:  workflow.Operation{ID: 7, Type: "CANCEL", Status: workflow.StatusNeedsReconciliation},
 			Stuck:      workflow.StepRecord{Name: "refund", Key: "7:refund", System: &payments, State: workflow.StepFailed, DeadlineAt: &deadline},
 			HandedOver: handed,
-			Calls: append([]workflow.CallRecord{
+			Calls: append([]readmodel.CallRecord{
 				{ID: 1, StepKey: "7:refund", Kind: "call", System: payments, At: handed.Add(-2 * time.Second), DeadlineAt: &deadline},
 				{ID: 2, StepKey: "7:refund", Kind: "answer", System: payments, At: handed.Add(-time.Second), Truth: &rejected},
 			}, calls...),
@@ -37,13 +38,13 @@ func TestARefusalStaysTheTruthUntilAnAnswerSaysOtherwise(t *testing.T) {
 		nowSays   string
 	}{
 		{"not asked since", refusedItem(), rejected, "REJECTED:", "REJECTED:", "has not been asked since"},
-		{"asked, no answer", refusedItem(workflow.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
+		{"asked, no answer", refusedItem(readmodel.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
 			At: handed.Add(time.Minute), Detail: "payments: status 7:refund: unexpected HTTP status 503"}),
 			rejected, "REJECTED:", "REJECTED:", "no answer does not undo a refusal"},
-		{"a status query before the hand-over failed", refusedItem(workflow.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
+		{"a status query before the hand-over failed", refusedItem(readmodel.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
 			At: handed.Add(-time.Millisecond), Detail: "connection refused"}),
 			rejected, "REJECTED:", "REJECTED:", "has not been asked since"},
-		{"asked, answered otherwise", refusedItem(workflow.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
+		{"asked, answered otherwise", refusedItem(readmodel.CallRecord{ID: 3, StepKey: "7:refund", Kind: "status", System: payments,
 			At: handed.Add(time.Minute), Truth: &completed}),
 			completed, "COMPLETED:", "REJECTED:", "when asked at"},
 	} {

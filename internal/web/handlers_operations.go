@@ -31,11 +31,11 @@ import (
 // side: what we know locally and what really happened elsewhere.
 type operationView struct {
 	workflow.Operation
-	Timeline []workflow.Event      `json:"timeline"`
-	Calls    []workflow.CallRecord `json:"calls"`
+	Timeline []readmodel.Event      `json:"timeline"`
+	Calls    []readmodel.CallRecord `json:"calls"`
 	// Callbacks are the callbacks received about its steps, newest first:
 	// how a truth was told rather than asked.
-	Callbacks []workflow.CallbackRecord `json:"callbacks"`
+	Callbacks []readmodel.CallbackRecord `json:"callbacks"`
 	// Truths is each external step's system asked just now, by step name.
 	Truths map[string]truthNow `json:"truths"`
 	// Provider is Truths["provider_cancel"], where clients of the first
@@ -77,9 +77,9 @@ func (app *App) viewOperation(ctx context.Context, op workflow.Operation, admin 
 		return operationView{}, err
 	}
 	if v.Calls == nil {
-		v.Calls = []workflow.CallRecord{}
+		v.Calls = []readmodel.CallRecord{}
 	}
-	if v.Callbacks, err = app.engine.Callbacks(ctx, workflow.CallbackFilter{OperationID: op.ID}); err != nil {
+	if v.Callbacks, err = readmodel.Callbacks(ctx, app.pool, readmodel.CallbackFilter{OperationID: op.ID}); err != nil {
 		return operationView{}, err
 	}
 	askCtx, cancel := context.WithTimeout(ctx, time.Second)
@@ -492,7 +492,7 @@ func statementLink(name string) (ident, where, href string) {
 }
 
 // callText says what one exchange was.
-func callText(c workflow.CallRecord) string {
+func callText(c readmodel.CallRecord) string {
 	switch c.Kind {
 	case "call":
 		return "sent " + c.StepKey + " " + string(c.Request)

@@ -393,9 +393,9 @@ type evidence struct {
 	Waiting   bool                      `json:"waiting"`
 	Item      *deskItem                 `json:"item,omitempty"`
 	Operation workflow.Operation        `json:"operation"`
-	Calls     []workflow.CallRecord     `json:"calls"`
+	Calls     []readmodel.CallRecord    `json:"calls"`
 	Ledger    *ledgerLine               `json:"ledger"`
-	Timeline  []workflow.Event          `json:"timeline"`
+	Timeline  []readmodel.Event         `json:"timeline"`
 	Decisions []reconciliation.Decision `json:"decisions"`
 }
 

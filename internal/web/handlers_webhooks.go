@@ -17,6 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/webhook"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
@@ -143,9 +144,9 @@ func parseEvent(body []byte, headerID string) (webhook.Event, error) {
 // setting and outbox) and what the app received (its inbox), with the
 // callbacks kept for a person.
 type webhooksJSON struct {
-	Sender   fault.WebhookLedger       `json:"sender"`
-	Received []workflow.CallbackRecord `json:"received"`
-	Kept     []workflow.CallbackRecord `json:"kept_for_a_person"`
+	Sender   fault.WebhookLedger        `json:"sender"`
+	Received []readmodel.CallbackRecord `json:"received"`
+	Kept     []readmodel.CallbackRecord `json:"kept_for_a_person"`
 }
 
 func (app *App) webhooks(c echo.Context, s fakeAdmin) (webhooksJSON, error) {
@@ -155,10 +156,10 @@ func (app *App) webhooks(c echo.Context, s fakeAdmin) (webhooksJSON, error) {
 	if v.Sender, err = s.control.Webhooks(ctx); err != nil {
 		return v, s.controlError(c, err)
 	}
-	if v.Received, err = app.engine.Callbacks(ctx, workflow.CallbackFilter{System: s.name}); err != nil {
+	if v.Received, err = readmodel.Callbacks(ctx, app.pool, readmodel.CallbackFilter{System: s.name}); err != nil {
 		return v, err
 	}
-	v.Kept, err = app.engine.Callbacks(ctx, workflow.CallbackFilter{System: s.name, UnknownOnly: true})
+	v.Kept, err = readmodel.Callbacks(ctx, app.pool, readmodel.CallbackFilter{System: s.name, UnknownOnly: true})
 	return v, err
 }
 
@@ -219,7 +220,7 @@ func (app *App) callbacksView(c echo.Context, s fakeAdmin) (views.CallbacksView,
 	if !u.IsAdmin() {
 		return vm, nil // the ledger names every customer's operations: the admin's to read
 	}
-	received := func(r workflow.CallbackRecord) views.CallbackReceived {
+	received := func(r readmodel.CallbackRecord) views.CallbackReceived {
 		var opID int64
 		if r.OperationID != nil {
 			opID = *r.OperationID

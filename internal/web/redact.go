@@ -9,6 +9,7 @@ import (
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
+	"github.com/idemlab/idemlab/internal/web/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"
 )
@@ -120,8 +121,8 @@ func othersOperation(op workflow.Operation) workflow.Operation {
 
 // customerCalls is the log of calls without owner tokens or error texts: a
 // status query that failed says why in words (statusFailure).
-func customerCalls(calls []workflow.CallRecord) []workflow.CallRecord {
-	out := make([]workflow.CallRecord, len(calls))
+func customerCalls(calls []readmodel.CallRecord) []readmodel.CallRecord {
+	out := make([]readmodel.CallRecord, len(calls))
 	for i, c := range calls {
 		if c.Kind == "status" && c.Truth == nil && c.Detail != "" {
 			c.Detail = statusFailure(c.System, c.Detail)
@@ -201,8 +202,8 @@ func redactAddresses(s string) string {
 
 // customerTimeline is a timeline with addresses taken out of its details
 // and owner tokens out of its lines and their statements' values.
-func customerTimeline(events []workflow.Event) []workflow.Event {
-	out := make([]workflow.Event, len(events))
+func customerTimeline(events []readmodel.Event) []readmodel.Event {
+	out := make([]readmodel.Event, len(events))
 	for i, e := range events {
 		e.Detail = customerText(e.Detail)
 		e.OwnerToken = nil

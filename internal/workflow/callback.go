@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -253,50 +252,4 @@ func (e *Engine) settleInbox(ctx context.Context, tx pgx.Tx, cb Callback, res Ca
 		return fmt.Errorf("workflow: callback inbox: %w", err)
 	}
 	return nil
-}
-
-// CallbackRecord is one callback received, as the pages list it.
-type CallbackRecord struct {
-	System      string    `json:"system"`
-	EventID     string    `json:"event_id"`
-	StepKey     string    `json:"step_key"`
-	Status      string    `json:"status"`
-	Attempt     int       `json:"attempt"`
-	Duplicates  int       `json:"duplicates"`
-	ReceivedAt  time.Time `json:"received_at"`
-	Outcome     string    `json:"outcome"`
-	OperationID *int64    `json:"operation_id"`
-	Detail      string    `json:"detail"`
-}
-
-// CallbackFilter picks callbacks to list: of one system ("": any), of one
-// operation (0: any), only those kept for a person.
-type CallbackFilter struct {
-	System      string
-	OperationID int64
-	UnknownOnly bool
-	Limit       int // default 50
-}
-
-// Callbacks lists the callbacks received, newest first.
-func (e *Engine) Callbacks(ctx context.Context, f CallbackFilter) ([]CallbackRecord, error) {
-	if f.Limit <= 0 {
-		f.Limit = 50
-	}
-	rows, err := e.pool.Query(ctx, `
-		SELECT system, event_id, step_key, status, attempt, duplicates, received_at, outcome, operation_id, detail
-		  FROM webhook_inbox
-		 WHERE ($1 = '' OR system = $1)
-		   AND ($2 = 0 OR operation_id = $2)
-		   AND (NOT $3 OR outcome = 'unknown_step')
-		 ORDER BY received_at DESC
-		 LIMIT $4`, f.System, f.OperationID, f.UnknownOnly, f.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: callbacks: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallbackRecord])
-	if err != nil {
-		return nil, fmt.Errorf("workflow: callbacks: %w", err)
-	}
-	return list, nil
 }

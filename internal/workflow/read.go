@@ -2,10 +2,8 @@ package workflow
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,47 +12,9 @@ import (
 
 // This file reads operations back: one with its steps, the operations of a
 // policy or a booking, those in a status. The pages' own reads of the
-// timeline and the call log are internal/web/readmodel's; the desk's are
-// internal/reconciliation's. Nothing here writes.
-
-// Event is one line of an operation's append-only timeline.
-type Event struct {
-	ID          int64     `json:"id"`
-	OperationID int64     `json:"operation_id"`
-	At          time.Time `json:"at"`
-	FromStatus  *string   `json:"from_status"`
-	ToStatus    string    `json:"to_status"`
-	Actor       string    `json:"actor"`
-	OwnerToken  *string   `json:"owner_token"`
-	Detail      string    `json:"detail"`
-	// StatementName names the statement that made the transition,
-	// "workflow.sqlStepSent" ("" for none); Statement is its text.
-	StatementName string `json:"statement_name,omitempty"`
-	Statement     string `json:"statement"`
-	// Branch is the recovery decision-tree branch, for recovery events.
-	Branch *string `json:"branch,omitempty"`
-	// Step is the step the event is about (nil: the operation as a whole).
-	Step *string `json:"step,omitempty"`
-}
-
-// CallRecord is one line of the log of exchanges with other systems.
-type CallRecord struct {
-	ID         int64           `json:"id"`
-	StepKey    string          `json:"step_key"`
-	Kind       string          `json:"kind"` // call | answer | status
-	CallID     *int64          `json:"call_id,omitempty"`
-	System     string          `json:"system"`
-	Actor      string          `json:"actor"`
-	OwnerToken *string         `json:"owner_token"`
-	At         time.Time       `json:"at"`
-	Attempt    *int            `json:"attempt,omitempty"`
-	DeadlineAt *time.Time      `json:"deadline_at,omitempty"`
-	Request    json.RawMessage `json:"request,omitempty"`
-	Outcome    *string         `json:"outcome,omitempty"`
-	Truth      *string         `json:"truth,omitempty"`
-	Detail     string          `json:"detail"`
-	TookMS     *int            `json:"took_ms,omitempty"`
-}
+// timeline, the call log and the callbacks received are
+// internal/web/readmodel's; the desk's are internal/reconciliation's.
+// Nothing here writes.
 
 // operation reads operation id with the steps of its current run.
 func (e *Engine) operation(ctx context.Context, db database.DBTX, id int64) (Operation, error) {

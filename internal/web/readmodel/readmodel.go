@@ -1,17 +1,20 @@
 // Package readmodel is what the operation and recovery pages read of the
 // workflow engine's tables, beyond the operations themselves (which
 // workflow.Engine reads): an operation's timeline and its exchanges with
-// other systems, the counts per status, the live operations and the latest
-// recovery steps. Nothing here writes, and nothing in the engine depends on
-// it: delete the pages and the engine still runs.
+// other systems, the callbacks received, the counts per status, the live
+// operations and the latest recovery steps. Nothing here writes, and
+// nothing in the engine depends on it: delete the pages and the engine
+// still runs.
 package readmodel
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,7 +24,7 @@ import (
 )
 
 // Timeline returns the operation's events, oldest first.
-func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workflow.Event, error) {
+func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]Event, error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, operation_id, at, from_status, to_status, actor, owner_token::text, detail, statement, '', branch,
 		       step
@@ -31,7 +34,7 @@ func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workf
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: timeline: %w", err)
 	}
-	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.Event])
+	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: timeline: %w", err)
 	}
@@ -46,7 +49,7 @@ func Timeline(ctx context.Context, db database.DBTX, operationID int64) ([]workf
 // control's, a lab's — stores its SQL itself rather than a name: it is
 // shown folded like every other, with no name to link (issue 29's second
 // read: "written by" followed by raw SQL).
-func statementOf(ev *workflow.Event) {
+func statementOf(ev *Event) {
 	if sql, ok := workflow.Statement(ev.StatementName); ok {
 		ev.Statement = sql
 		return
@@ -57,7 +60,7 @@ func statementOf(ev *workflow.Event) {
 }
 
 // Calls returns the operation's exchanges with other systems, oldest first.
-func Calls(ctx context.Context, db database.DBTX, operationID int64) ([]workflow.CallRecord, error) {
+func Calls(ctx context.Context, db database.DBTX, operationID int64) ([]CallRecord, error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, step_key, kind, call_id, system, actor, owner_token::text, at, attempt, deadline_at,
 		       request, outcome, truth, detail, took_ms
@@ -67,7 +70,7 @@ func Calls(ctx context.Context, db database.DBTX, operationID int64) ([]workflow
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: calls: %w", err)
 	}
-	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[workflow.CallRecord])
+	calls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallRecord])
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: calls: %w", err)
 	}
@@ -147,7 +150,7 @@ func ListLive(ctx context.Context, db database.DBTX, e *workflow.Engine, limit i
 // RecoveryEvent is one recovery step on some operation's timeline, for the
 // recovery page: which branch, by which worker, on what subject.
 type RecoveryEvent struct {
-	workflow.Event
+	Event
 	Type     string
 	PolicyID int64
 	UserID   int64 // whose operation: a page shows another's without its details
@@ -197,4 +200,89 @@ func Truth(ctx context.Context, e *workflow.Engine, op workflow.Operation, step 
 		return "", fmt.Errorf("readmodel: %s has no external step %q", op.Type, step)
 	}
 	return st.Call.Status(ctx, rec.Key)
+}
+
+// Event is one line of an operation's append-only timeline.
+type Event struct {
+	ID          int64     `json:"id"`
+	OperationID int64     `json:"operation_id"`
+	At          time.Time `json:"at"`
+	FromStatus  *string   `json:"from_status"`
+	ToStatus    string    `json:"to_status"`
+	Actor       string    `json:"actor"`
+	OwnerToken  *string   `json:"owner_token"`
+	Detail      string    `json:"detail"`
+	// StatementName names the statement that made the transition,
+	// "workflow.sqlStepSent" ("" for none); Statement is its text.
+	StatementName string `json:"statement_name,omitempty"`
+	Statement     string `json:"statement"`
+	// Branch is the recovery decision-tree branch, for recovery events.
+	Branch *string `json:"branch,omitempty"`
+	// Step is the step the event is about (nil: the operation as a whole).
+	Step *string `json:"step,omitempty"`
+}
+
+// CallRecord is one line of the log of exchanges with other systems.
+type CallRecord struct {
+	ID         int64           `json:"id"`
+	StepKey    string          `json:"step_key"`
+	Kind       string          `json:"kind"` // call | answer | status
+	CallID     *int64          `json:"call_id,omitempty"`
+	System     string          `json:"system"`
+	Actor      string          `json:"actor"`
+	OwnerToken *string         `json:"owner_token"`
+	At         time.Time       `json:"at"`
+	Attempt    *int            `json:"attempt,omitempty"`
+	DeadlineAt *time.Time      `json:"deadline_at,omitempty"`
+	Request    json.RawMessage `json:"request,omitempty"`
+	Outcome    *string         `json:"outcome,omitempty"`
+	Truth      *string         `json:"truth,omitempty"`
+	Detail     string          `json:"detail"`
+	TookMS     *int            `json:"took_ms,omitempty"`
+}
+
+// CallbackRecord is one callback received, as the pages list it.
+type CallbackRecord struct {
+	System      string    `json:"system"`
+	EventID     string    `json:"event_id"`
+	StepKey     string    `json:"step_key"`
+	Status      string    `json:"status"`
+	Attempt     int       `json:"attempt"`
+	Duplicates  int       `json:"duplicates"`
+	ReceivedAt  time.Time `json:"received_at"`
+	Outcome     string    `json:"outcome"`
+	OperationID *int64    `json:"operation_id"`
+	Detail      string    `json:"detail"`
+}
+
+// CallbackFilter picks callbacks to list: of one system ("": any), of one
+// operation (0: any), only those kept for a person.
+type CallbackFilter struct {
+	System      string
+	OperationID int64
+	UnknownOnly bool
+	Limit       int // default 50
+}
+
+// Callbacks lists the callbacks received, newest first.
+func Callbacks(ctx context.Context, db database.DBTX, f CallbackFilter) ([]CallbackRecord, error) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	rows, err := db.Query(ctx, `
+		SELECT system, event_id, step_key, status, attempt, duplicates, received_at, outcome, operation_id, detail
+		  FROM webhook_inbox
+		 WHERE ($1 = '' OR system = $1)
+		   AND ($2 = 0 OR operation_id = $2)
+		   AND (NOT $3 OR outcome = 'unknown_step')
+		 ORDER BY received_at DESC
+		 LIMIT $4`, f.System, f.OperationID, f.UnknownOnly, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: callbacks: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CallbackRecord])
+	if err != nil {
+		return nil, fmt.Errorf("readmodel: callbacks: %w", err)
+	}
+	return list, nil
 }
