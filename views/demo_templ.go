@@ -107,7 +107,7 @@ func demoContent(p Page, vm DemoView) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, " free slots, both fakes back to their defaults, the crash point disarmed. Everyone else was signed out; you were signed in again.</p>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, " free slots, both fakes back to their defaults, the crash point and the Events page's redelivery injector disarmed. Everyone else was signed out; you were signed in again.</p>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -138,7 +138,7 @@ func demoContent(p Page, vm DemoView) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, " hourly slots from tomorrow. The fake provider and payments service forget their effects and faults, and an armed crash point is disarmed. The same reset twice leaves the same data.</p><form method=\"post\" action=\"/admin/reset\" data-testid=\"reset-form\">")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, " hourly slots from tomorrow. The fake provider and payments service forget their effects and faults, and an armed crash point and the redelivery injector (Events) are disarmed. The same reset twice leaves the same data.</p><form method=\"post\" action=\"/admin/reset\" data-testid=\"reset-form\">")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -125,6 +125,12 @@ func TestBrowserDemoWalkThrough(t *testing.T) {
 	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at": "after_commit", "mode": "abandon"}`}); r.Status != http.StatusOK {
 		t.Fatalf("arming a crash point: %d %s", r.Status, r.Body)
 	}
+	// And the redelivery injector, which the reset disarms too (issue 29,
+	// finding 21: the notice said "both fakes at their defaults" and left it
+	// armed).
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/events/injector", Token: "demo-admin", Body: `{"mode": "deliver_twice", "count": 5}`}); r.Status != http.StatusOK {
+		t.Fatalf("arming the redelivery injector: %d %s", r.Status, r.Body)
+	}
 
 	// Back to admin, and reset from the demo page, confirmed.
 	var done string
@@ -153,7 +159,7 @@ func TestBrowserDemoWalkThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if armedBefore != 1 || armedAfter != 0 || !strings.Contains(done, "crash point disarmed") {
+	if armedBefore != 1 || armedAfter != 0 || !strings.Contains(done, "the crash point and the Events page's redelivery injector disarmed") {
 		t.Errorf("crash point shown armed %d times before the reset, %d after; the notice says %q", armedBefore, armedAfter, done)
 	}
 	var set struct{ At string }
@@ -173,6 +179,15 @@ func TestBrowserDemoWalkThrough(t *testing.T) {
 		t.Errorf("after the reset: %d active policies, %d effects", active, effects)
 	}
 	shoot(t, b, "reset-done")
+	var injections int
+	err = chromedp.Run(b,
+		chromedp.Navigate(s.URL+"/events"),
+		chromedp.WaitVisible(`[data-testid="injector-form"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid="injector-script"] li').length`, &injections),
+	)
+	if err != nil || injections != 0 {
+		t.Errorf("after the reset the Events page shows %d redelivery injector entries armed (%v)", injections, err)
+	}
 }
 
 // awaitPromise makes chromedp.Evaluate wait for a promise's value.
