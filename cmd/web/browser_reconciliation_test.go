@@ -423,3 +423,74 @@ func bulkForm(t *testing.T, page, action string) url.Values {
 	}
 	return v
 }
+
+// The desk says what handing back does, on the belief, and what recovery
+// settled before the person asked (issue 29, findings 8, 16): a provider
+// not believed idempotent, its status queries failing, one cancellation on
+// the desk — "Hand back to recovery" says it sends nothing until the
+// provider answers. Healed, recovery's own re-ask settles it while the page
+// is still open; the person's "Ask again" then asks nothing, and the notice
+// says recovery settled it before they asked. Screenshots at 1280 and
+// 390 px of the card and of the notice.
+func TestBrowserDeskSaysWhatRecoveryDoesAndDid(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, outageEnv)
+	outage(t, s, 1, 0)
+	ctx := browsertest.New(t)
+	signInAdmin(t, ctx, s)
+	caution := text(t, ctx, `[data-testid="resolve-retry"] [data-testid="caution"]`)
+	if !strings.Contains(caution, "not believed idempotent") || !strings.Contains(caution, "sends nothing until provider answers") {
+		t.Errorf("the hand-back's caution: %q", caution)
+	}
+	if label := text(t, ctx, `[data-testid="resolve-retry"] button`); label != "Hand back to recovery" {
+		t.Errorf("the button says %q", label)
+	}
+	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
+		// The card's buttons, with what each says under it, in sight.
+		var png []byte
+		err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]),
+			chromedp.ScrollIntoView(`[data-testid="resolve-mark_failed"]`, chromedp.ByQuery), chromedp.CaptureScreenshot(&png))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := browsertest.ScreenshotDir()
+		os.MkdirAll(dir, 0o755)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-card-%d.png", t.Name(), size[0])), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := browsertest.Run(ctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+		t.Fatal(err)
+	}
+
+	heal(t, s)
+	bg := context.Background()
+	var id int64
+	if err := s.DB.Pool.QueryRow(bg, `
+		UPDATE operations
+		   SET next_attempt_at = now() -- recovery's re-ask is due: it asks before the person does
+		 WHERE status = 'NEEDS_RECONCILIATION'
+		RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, func() bool {
+		var status string
+		s.DB.Pool.QueryRow(bg, `SELECT status FROM operations WHERE id = $1`, id).Scan(&status)
+		return status == "SUCCEEDED"
+	})
+	var notice string
+	err := browsertest.Run(ctx,
+		chromedp.Click(`[data-testid="ask-again"] button`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
+		chromedp.Text(`[data-testid="notice"]`, &notice, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Nothing was asked again", "recovery settled 1 on its own", "before you asked", "None of them waits"} {
+		if !strings.Contains(notice, want) {
+			t.Errorf("the notice %q does not say %q", notice, want)
+		}
+	}
+	shootBoth(t, ctx, "notice")
+}
