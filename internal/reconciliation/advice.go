@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
-	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // This file is what the reconciliation desk says about one operation that
@@ -147,8 +146,8 @@ func Advise(f Facts) Advice {
 	// "Retry" hands the operation back to recovery, which asks first and
 	// sends the call again only when the answer allows it: the label says
 	// so, since with no answer and no belief in idempotency nothing is sent.
-	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(workflow.ResolveRetry), Label: "Hand back to recovery", Enabled: true},
-		Choice{Action: string(workflow.ResolveFailed), Label: "Mark failed", Enabled: true},
+	done, retry, fail, ask := f.doneChoice(), Choice{Action: string(ResolveRetry), Label: "Hand back to recovery", Enabled: true},
+		Choice{Action: string(ResolveFailed), Label: "Mark failed", Enabled: true},
 		Choice{Action: ActionAskAgain, Label: "Ask " + f.System + " again", Enabled: true}
 
 	// What the truth now rules out.
@@ -249,16 +248,16 @@ func (f Facts) cancelled() Advice {
 			"and nothing undoes that automatically.",
 		Then:       string(external.TruthCompleted) + ": " + stood + " had taken effect before the cancel stopped the operation.",
 		Now:        string(external.TruthCompleted) + ": nothing to ask — " + local + " and calls no other system.",
-		Suggested:  string(workflow.ResolveRetry),
+		Suggested:  string(ResolveRetry),
 		Suggestion: "What took effect cannot be undone from here: hand it back to recovery — the cancel is set aside and the workflow runs on from " + f.Step + ".",
 	}
 	ask := Choice{Action: ActionAskAgain, Label: "Ask again"}
 	ask.Disabled = local + ": there is no system to ask"
-	done := Choice{Action: string(workflow.ResolveDone), Label: f.doneChoice().Label}
+	done := Choice{Action: string(ResolveDone), Label: f.doneChoice().Label}
 	done.Disabled = local + ": marking it done would skip what it writes — handing it back runs it"
-	retry := Choice{Action: string(workflow.ResolveRetry), Label: "Hand back to recovery", Enabled: true,
+	retry := Choice{Action: string(ResolveRetry), Label: "Hand back to recovery", Enabled: true,
 		Caution: "sets the cancel aside: recovery runs " + f.Step + " and every step after it, as if nobody had asked to stop"}
-	fail := Choice{Action: string(workflow.ResolveFailed), Label: "Mark failed"}
+	fail := Choice{Action: string(ResolveFailed), Label: "Mark failed"}
 	fail.Disabled = stood + " took effect and stands, so the operation cannot simply fail"
 	for _, c := range []*Choice{&ask, &done, &retry, &fail} {
 		c.Disabled, c.Caution = sentence(c.Disabled), sentence(c.Caution)
@@ -324,7 +323,7 @@ func (f Facts) safeAnyway() string {
 }
 
 func (f Facts) doneChoice() Choice {
-	c := Choice{Action: string(workflow.ResolveDone), Label: "It happened: mark done", Enabled: true}
+	c := Choice{Action: string(ResolveDone), Label: "It happened: mark done", Enabled: true}
 	switch {
 	case f.Reason == ReasonRefused:
 		c.Label = "Done by hand: mark done"

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
-	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // nowCase is one way the latest status query can have gone.
@@ -132,7 +131,7 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 			fail("action %s enabled=%t with reason %q", c.Action, c.Enabled, c.Disabled)
 		}
 	}
-	for _, want := range []string{ActionAskAgain, string(workflow.ResolveDone), string(workflow.ResolveRetry), string(workflow.ResolveFailed)} {
+	for _, want := range []string{ActionAskAgain, string(ResolveDone), string(ResolveRetry), string(ResolveFailed)} {
 		if !seen[want] {
 			fail("no %s button", want)
 		}
@@ -153,13 +152,13 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	want := ""
 	switch {
 	case f.Now == external.TruthCompleted:
-		want = string(workflow.ResolveDone)
+		want = string(ResolveDone)
 	case refused:
 		want = ""
 	case f.NotStartedConclusive():
-		want = string(workflow.ResolveRetry)
+		want = string(ResolveRetry)
 	case f.Now == external.TruthRejected && f.CanFail:
-		want = string(workflow.ResolveFailed)
+		want = string(ResolveFailed)
 	case f.Now == external.TruthRejected:
 		want = ""
 	default: // unknown, RUNNING, NOT_STARTED while a call may arrive
@@ -168,7 +167,7 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 	if a.Suggested != want {
 		fail("suggests %q, want %q", a.Suggested, want)
 	}
-	if a.Unambiguous != (want == string(workflow.ResolveDone) || want == string(workflow.ResolveRetry) || want == string(workflow.ResolveFailed)) {
+	if a.Unambiguous != (want == string(ResolveDone) || want == string(ResolveRetry) || want == string(ResolveFailed)) {
 		fail("unambiguous=%t with suggestion %q", a.Unambiguous, a.Suggested)
 	}
 	// The suggestion's sentence speaks of the truth it follows.
@@ -179,9 +178,9 @@ func checkAdvice(t *testing.T, name string, f Facts, a Advice) {
 		fail("suggestion %q says unknown of %s", a.Suggestion, f.Now)
 	}
 	// What the truth now rules out is disabled.
-	done, _ := a.Action(string(workflow.ResolveDone))
-	retry, _ := a.Action(string(workflow.ResolveRetry))
-	failed, _ := a.Action(string(workflow.ResolveFailed))
+	done, _ := a.Action(string(ResolveDone))
+	retry, _ := a.Action(string(ResolveRetry))
+	failed, _ := a.Action(string(ResolveFailed))
 	if (f.Now == external.TruthNotStarted || f.Now == external.TruthRunning) && done.Enabled {
 		fail("mark done enabled while the system says %s", f.Now)
 	}
@@ -261,7 +260,7 @@ func TestAdviseNotStartedNeedsEveryDeadlinePassed(t *testing.T) {
 		t.Errorf("a millisecond before the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
 	}
 	f.ArrivesUntil = at
-	if a := Advise(f); a.Suggested != string(workflow.ResolveRetry) || !a.Unambiguous {
+	if a := Advise(f); a.Suggested != string(ResolveRetry) || !a.Unambiguous {
 		t.Errorf("at the last deadline: %q (unambiguous %t)", a.Suggested, a.Unambiguous)
 	}
 }
@@ -301,13 +300,13 @@ func TestAdviseCancelledAfterAnEffect(t *testing.T) {
 			t.Errorf("%s enabled=%t with reason %q", c.Action, c.Enabled, c.Disabled)
 		}
 	}
-	want := map[string]bool{ActionAskAgain: false, string(workflow.ResolveDone): false, string(workflow.ResolveRetry): true, string(workflow.ResolveFailed): false}
+	want := map[string]bool{ActionAskAgain: false, string(ResolveDone): false, string(ResolveRetry): true, string(ResolveFailed): false}
 	for action, on := range want {
 		if enabled[action] != on {
 			t.Errorf("%s enabled=%t, want %t (the engine allows only a retry here)", action, enabled[action], on)
 		}
 	}
-	if a.Suggested != string(workflow.ResolveRetry) || a.Unambiguous {
+	if a.Suggested != string(ResolveRetry) || a.Unambiguous {
 		t.Errorf("suggests %q (unambiguous %t), want a retry decided on its own card", a.Suggested, a.Unambiguous)
 	}
 }

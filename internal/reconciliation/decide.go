@@ -3,6 +3,7 @@ package reconciliation
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,25 +12,113 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
 // This file is what a person does with an operation recovery could not
-// finish: a decision, checked against the evidence as the desk reads it in
-// the decision's own transaction, written by the engine through the same
-// fenced code path as requests and recovery (workflow.Engine.Decide), and
-// recorded in the desk's audit trail in the same commit.
+// finish: a decision — which fits the step it is stuck at, and what each
+// means — checked against the evidence as the desk reads it in the
+// decision's own transaction, written by the engine through the same
+// fenced code path as requests and recovery (workflow.Engine.Decide: the
+// person owns the operation for that one transaction), and recorded in the
+// desk's audit trail in the same commit.
+
+// Resolution is a person's decision about the step an operation is stuck at.
+type Resolution string
+
+const (
+	// ResolveDone: the person checked with the system that the step's
+	// effect happened (the provider did cancel; the refund was paid by
+	// hand). The step is DONE and the workflow runs on: its local steps in
+	// the same commit, any later external step by recovery.
+	ResolveDone Resolution = "mark_done"
+	// ResolveRetry: hand the operation back to recovery now, with a fresh
+	// budget. Recovery asks the system first, as always, so this never
+	// sends a blind second call.
+	ResolveRetry Resolution = "retry"
+	// ResolveFailed: the step's effect did not happen and will not; the
+	// operation is FAILED. Only where nothing done elsewhere stands (the
+	// step's refusal would fail the operation too).
+	ResolveFailed Resolution = "mark_failed"
+)
+
+// ErrResolutionNotAllowed: the decision does not fit the step.
+var ErrResolutionNotAllowed = errors.New("reconciliation: that decision does not fit this step")
+
+// fits refuses a decision that does not fit the step the operation is
+// stuck at, whatever the evidence says.
+func fits(p *workflow.Person, r Resolution) error {
+	seen := p.Seen()
+	stuck, step, ok := p.Stuck()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: every step is done", ErrResolutionNotAllowed)
+	case r == ResolveFailed && step.Refused != workflow.FailOperation:
+		return fmt.Errorf("%w: %s cannot be marked failed — what the earlier steps did elsewhere stands; "+
+			"mark it done once it is done by hand, or retry", ErrResolutionNotAllowed, stuck.Name)
+	case r != ResolveRetry && !stuck.External() && seen.CancelRequestedAt != nil:
+		// A local step is the workflow's own write: marking it done would
+		// skip what it writes. Only recovery runs it (a cancelled
+		// operation handed to a person stops at one: workflow/cancel.go).
+		return fmt.Errorf("%w: %s is a step of this database's own: retry runs it", ErrResolutionNotAllowed, stuck.Name)
+	case r == ResolveRetry && stuck.State == workflow.StepFailed:
+		return fmt.Errorf("%w: %s was refused definitely; the same call would be refused again", ErrResolutionNotAllowed, stuck.Name)
+	}
+	return nil
+}
+
+// apply writes decision req through the person, each write fenced by the
+// engine; note ends each of its timeline lines (who decided, seeing what).
+func apply(p *workflow.Person, req ResolveRequest, note string) error {
+	stuck, _, _ := p.Stuck()
+	decided, _ := json.Marshal(map[string]string{"decided_by": req.Actor, "decision": string(req.Resolution), "note": req.Note})
+	switch req.Resolution {
+	case ResolveDone:
+		if err := p.Decided("a person confirmed that " + stuck.Name + " happened: marked done" + note); err != nil {
+			return err
+		}
+		if err := p.MarkStep(workflow.StepDone, decided); err != nil {
+			return err
+		}
+		return p.RunOn()
+	case ResolveRetry:
+		if err := p.Decided("a person asked for a retry: handed back to recovery, which asks " + database.Deref(stuck.System) + " first" + note); err != nil {
+			return err
+		}
+		if p.Seen().CancelRequestedAt != nil && (!stuck.External() || p.EffectStands()) {
+			// Cancelled after an effect nothing undoes: the person decided
+			// the workflow runs on, so the cancel request is set aside —
+			// at a local step, and at an external one (its truth may be
+			// NOT_STARTED) when an earlier effect stands with no
+			// compensation: kept, the cancel would only stop it there and
+			// hand it back to a person, again and again.
+			if err := p.SetCancelAside(); err != nil {
+				return err
+			}
+		}
+		return p.HandBack()
+	default:
+		if err := p.Decided("a person marked " + stuck.Name + " failed: it did not happen and will not" + note); err != nil {
+			return err
+		}
+		if err := p.MarkStep(workflow.StepFailed, decided); err != nil {
+			return err
+		}
+		return p.Fail("marked failed by a person" + note)
+	}
+}
 
 // ParseResolution reads a decision's action. "mark_cancelled" is the
 // cancellation's older name for mark_done and means the same.
-func ParseResolution(action string) (workflow.Resolution, bool) {
+func ParseResolution(action string) (Resolution, bool) {
 	switch action {
-	case string(workflow.ResolveDone), "mark_cancelled":
-		return workflow.ResolveDone, true
-	case string(workflow.ResolveRetry):
-		return workflow.ResolveRetry, true
-	case string(workflow.ResolveFailed):
-		return workflow.ResolveFailed, true
+	case string(ResolveDone), "mark_cancelled":
+		return ResolveDone, true
+	case string(ResolveRetry):
+		return ResolveRetry, true
+	case string(ResolveFailed):
+		return ResolveFailed, true
 	}
 	return "", false
 }
@@ -43,9 +132,9 @@ func DecisionWords(action string) string {
 		return action
 	}
 	switch r {
-	case workflow.ResolveDone:
+	case ResolveDone:
 		return "marked done: the step happened"
-	case workflow.ResolveRetry:
+	case ResolveRetry:
 		return "handed back to recovery, which asks again first"
 	default:
 		return "marked failed: the step did not happen"
@@ -56,7 +145,7 @@ func DecisionWords(action string) string {
 // they saw when they made it.
 type ResolveRequest struct {
 	OperationID   int64
-	Resolution    workflow.Resolution
+	Resolution    Resolution
 	SeenUpdatedAt time.Time // the operation's updated_at as shown
 	Actor         string    // "admin (request … on app-1)"
 	Note          string    // why, in their words (optional)
@@ -96,7 +185,7 @@ const (
 // Resolve applies a person's decision in one transaction: hooks.Begin, the
 // decision and its timeline events, hooks.Finish with the operation. A
 // refusal — workflow.ErrStateChanged (not as they saw it),
-// workflow.ErrNotFound, workflow.ErrResolutionNotAllowed — goes to
+// workflow.ErrNotFound, ErrResolutionNotAllowed — goes to
 // hooks.Finish in the same transaction, commits with Begin, and is returned
 // wrapped in workflow.Refused.
 func (d *Desk) Resolve(ctx context.Context, req ResolveRequest, hooks workflow.Hooks[workflow.Operation]) (workflow.Operation, error) {
@@ -130,7 +219,7 @@ func (d *Desk) Resolve(ctx context.Context, req ResolveRequest, hooks workflow.H
 // refused reports whether err is a decision's refusal (nothing written).
 func refused(err error) bool {
 	return errors.Is(err, workflow.ErrStateChanged) || errors.Is(err, workflow.ErrNotFound) ||
-		errors.Is(err, workflow.ErrResolutionNotAllowed)
+		errors.Is(err, ErrResolutionNotAllowed)
 }
 
 // resolve decides one operation in tx: the engine locks it as the person
@@ -139,27 +228,28 @@ func refused(err error) bool {
 // page showed when it was rendered — and records it in the audit trail.
 func (d *Desk) resolve(ctx context.Context, tx pgx.Tx, req ResolveRequest) (workflow.Operation, error) {
 	var item Item
-	op, err := d.engine.Decide(ctx, tx, workflow.Decision{OperationID: req.OperationID, Resolution: req.Resolution,
-		SeenUpdatedAt: req.SeenUpdatedAt, Actor: req.Actor, Note: req.Note},
-		func(seen workflow.Operation) (string, error) {
-			items, err := d.items(ctx, tx, req.Desk, []workflow.Operation{seen})
-			if err != nil {
-				return "", err
-			}
-			item = items[0]
-			if choice, ok := item.Advice.Action(string(req.Resolution)); ok && !choice.Enabled {
-				return "", fmt.Errorf("%w: %s", workflow.ErrResolutionNotAllowed, choice.Disabled)
-			}
-			if req.OnlyIfSuggested && (!item.Advice.Unambiguous || item.Advice.Suggested != string(req.Resolution)) {
-				return "", fmt.Errorf("%w: the truth now (%s) does not make %s unambiguous; decide it on its own card",
-					workflow.ErrResolutionNotAllowed, item.Truth(), req.Resolution)
-			}
-			note := fmt.Sprintf(" (by %s, seeing %s)", cmp.Or(req.DecidedBy, req.Actor), strings.TrimSpace(item.Facts.System+" "+truthSeen(req.TruthSeen)))
-			if req.Note != "" {
-				note += " — " + req.Note
-			}
-			return note, nil
-		})
+	op, err := d.engine.Decide(ctx, tx, req.OperationID, req.SeenUpdatedAt, req.Actor, func(p *workflow.Person) error {
+		if err := fits(p, req.Resolution); err != nil {
+			return err
+		}
+		items, err := d.items(ctx, tx, req.Desk, []workflow.Operation{p.Seen()})
+		if err != nil {
+			return err
+		}
+		item = items[0]
+		if choice, ok := item.Advice.Action(string(req.Resolution)); ok && !choice.Enabled {
+			return fmt.Errorf("%w: %s", ErrResolutionNotAllowed, choice.Disabled)
+		}
+		if req.OnlyIfSuggested && (!item.Advice.Unambiguous || item.Advice.Suggested != string(req.Resolution)) {
+			return fmt.Errorf("%w: the truth now (%s) does not make %s unambiguous; decide it on its own card",
+				ErrResolutionNotAllowed, item.Truth(), req.Resolution)
+		}
+		note := fmt.Sprintf(" (by %s, seeing %s)", cmp.Or(req.DecidedBy, req.Actor), strings.TrimSpace(item.Facts.System+" "+truthSeen(req.TruthSeen)))
+		if req.Note != "" {
+			note += " — " + req.Note
+		}
+		return apply(p, req, note)
+	})
 	if err != nil {
 		return workflow.Operation{}, err
 	}
@@ -220,7 +310,7 @@ func (d *Desk) ResolveMany(ctx context.Context, reqs []ResolveRequest, hooks wor
 				dec.Outcome, dec.Detail = OutcomeStateChanged, err.Error()
 			case errors.Is(err, workflow.ErrNotFound):
 				dec.Outcome, dec.Detail = OutcomeNotFound, err.Error()
-			case errors.Is(err, workflow.ErrResolutionNotAllowed):
+			case errors.Is(err, ErrResolutionNotAllowed):
 				dec.Outcome, dec.Detail = OutcomeNotAllowed, err.Error()
 			case err != nil:
 				return err

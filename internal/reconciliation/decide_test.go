@@ -19,7 +19,7 @@ import (
 // else already did.
 func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 	t.Parallel()
-	for _, res := range []workflow.Resolution{workflow.ResolveDone, workflow.ResolveRetry, workflow.ResolveFailed} {
+	for _, res := range []reconciliation.Resolution{reconciliation.ResolveDone, reconciliation.ResolveRetry, reconciliation.ResolveFailed} {
 		t.Run(string(res), func(t *testing.T) {
 			t.Parallel()
 			b := recoverytest.Setup(t)
@@ -68,15 +68,15 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				t.Fatalf("wins %d, lost %d", wins, lost)
 			}
 			op := b.Operation(t, pid)
-			want := map[workflow.Resolution]string{
-				workflow.ResolveDone:   workflow.StatusInProgress, // the policy cancelled; the refund is recovery's
-				workflow.ResolveRetry:  workflow.StatusInProgress,
-				workflow.ResolveFailed: workflow.StatusFailed,
+			want := map[reconciliation.Resolution]string{
+				reconciliation.ResolveDone:   workflow.StatusInProgress, // the policy cancelled; the refund is recovery's
+				reconciliation.ResolveRetry:  workflow.StatusInProgress,
+				reconciliation.ResolveFailed: workflow.StatusFailed,
 			}[res]
 			if op.Status != want {
 				t.Fatalf("status %s, want %s", op.Status, want)
 			}
-			if res == workflow.ResolveDone {
+			if res == reconciliation.ResolveDone {
 				if b.Refunds(t, pid) != 0 {
 					t.Fatal("the person's decision refunded: that is a call, recovery's to make")
 				}
@@ -85,7 +85,7 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 					t.Fatalf("after the decision: %s, refunds %d", op.Status, b.Refunds(t, pid))
 				}
 			}
-			if res == workflow.ResolveRetry {
+			if res == reconciliation.ResolveRetry {
 				// Back in recovery's hands, which asks first: with the status
 				// query healthy again it learns COMPLETED and finishes.
 				b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeOK, Idempotent: false})

@@ -22,6 +22,7 @@ import (
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/problem"
+	"github.com/idemlab/idemlab/internal/reconciliation"
 	"github.com/idemlab/idemlab/internal/recovery"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -93,7 +94,7 @@ var errorTable = []struct {
 	{workflow.ErrNotFound, http.StatusNotFound, "not-found", "Operation not found"},
 	{policies.ErrDuplicateIntent, http.StatusConflict, "duplicate-intent", "The policy already has a cancellation"},
 	{workflow.ErrStateChanged, http.StatusConflict, "state-changed", "Someone else already resolved it"},
-	{workflow.ErrResolutionNotAllowed, http.StatusConflict, "resolution-not-allowed", "That decision does not fit this step"},
+	{reconciliation.ErrResolutionNotAllowed, http.StatusConflict, "resolution-not-allowed", "That decision does not fit this step"},
 	{operations.ErrNotFailed, http.StatusConflict, "not-failed", "Only a FAILED operation can be resumed"},
 	{operations.ErrResumeNotAllowed, http.StatusConflict, "resume-not-allowed", "This kind of operation is not resumed"},
 	{workflow.ErrNotLive, http.StatusConflict, "not-live", "Only a live operation can be cancelled"},

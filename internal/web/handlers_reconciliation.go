@@ -242,16 +242,16 @@ func (app *App) handleReconciliationPage(c echo.Context) error {
 		}
 		b.Items = append(b.Items, fmt.Sprintf("%d|%s|%s", it.Operation.ID, card.SeenUpdatedAt, card.Truth))
 	}
-	for _, action := range []string{string(workflow.ResolveDone), string(workflow.ResolveRetry), string(workflow.ResolveFailed)} {
+	for _, action := range []string{string(reconciliation.ResolveDone), string(reconciliation.ResolveRetry), string(reconciliation.ResolveFailed)} {
 		b := bulk[action]
 		if b == nil {
 			continue
 		}
 		n := views.Plural(len(b.Items), "item")
 		switch action {
-		case string(workflow.ResolveDone):
+		case string(reconciliation.ResolveDone):
 			b.Label, b.Why = "Mark done: "+n, "Their systems say COMPLETED: the effect happened, no second call is needed."
-		case string(workflow.ResolveRetry):
+		case string(reconciliation.ResolveRetry):
 			b.Label, b.Why = "Hand back to recovery: "+n, "Their systems have no record of the call and every deadline has passed: recovery sends the same call, same key — safe whatever the belief about idempotency: none applied the first, and a late copy is refused after its deadline."
 		default:
 			b.Label, b.Why = "Mark failed: "+n, "Their systems refused the call and nothing was applied."

@@ -12,53 +12,35 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 )
 
-// This file is how a person's decision about an operation recovery could
-// not finish (NEEDS_RECONCILIATION) is written. A decision is about the step
-// the operation is stuck at. Nobody owns an operation waiting for a person,
-// so a decision is conditional on the state the person saw (status and
-// updated_at): two admins deciding at once cannot both win, nobody decides
-// on a state they never saw, and an operation recovery took back meanwhile
-// (its truth became known) is not decided over. The decision then makes the
-// person the owner for one transaction and writes through the same fenced
-// code path as requests and recovery. The desk that shows the evidence and
-// advises is internal/reconciliation.
+// This file is the engine's half of a person's decision about an operation
+// recovery could not finish (NEEDS_RECONCILIATION): how it is written.
+// Nobody owns an operation waiting for a person, so a decision is
+// conditional on the state the person saw (status and updated_at): two
+// admins deciding at once cannot both win, nobody decides on a state they
+// never saw, and an operation recovery took back meanwhile (its truth
+// became known) is not decided over. The person then becomes the owner
+// for the decision's one transaction and writes through the same fenced
+// code path as requests and recovery. Which decision fits the step and the
+// evidence, and what each means, is the desk's (internal/reconciliation).
 
-// Resolution is a person's decision about the step an operation is stuck at.
-type Resolution string
+// ErrStateChanged: the operation is no longer in the state the person
+// saw — usually someone else already resolved it, or recovery learned the
+// truth and finished it.
+var ErrStateChanged = errors.New("workflow: the operation changed since it was shown: someone else already resolved it")
 
-const (
-	// ResolveDone: the person checked with the system that the step's
-	// effect happened (the provider did cancel; the refund was paid by
-	// hand). The step is DONE and the workflow runs on: its local steps in
-	// the same commit, any later external step by recovery.
-	ResolveDone Resolution = "mark_done"
-	// ResolveRetry: hand the operation back to recovery now, with a fresh
-	// budget. Recovery asks the system first, as always, so this never
-	// sends a blind second call.
-	ResolveRetry Resolution = "retry"
-	// ResolveFailed: the step's effect did not happen and will not; the
-	// operation is FAILED. Only where nothing done elsewhere stands (the
-	// step's refusal would fail the operation too).
-	ResolveFailed Resolution = "mark_failed"
-)
-
-var (
-	// ErrStateChanged: the operation is no longer in the state the person
-	// saw — usually someone else already resolved it, or recovery learned
-	// the truth and finished it.
-	ErrStateChanged = errors.New("workflow: the operation changed since it was shown: someone else already resolved it")
-	// ErrResolutionNotAllowed: the decision does not fit the step.
-	ErrResolutionNotAllowed = errors.New("workflow: that decision does not fit this step")
-)
-
-// Decision is one person's decision on one operation, with the state they
-// saw when they made it.
-type Decision struct {
-	OperationID   int64
-	Resolution    Resolution
-	SeenUpdatedAt time.Time // the operation's updated_at as shown
-	Actor         string    // "admin (request … on app-1)"
-	Note          string    // why, in their words (optional)
+// Person is one person deciding one operation waiting for them, inside
+// Engine.Decide: what they saw, and the fenced writes a decision is made
+// of. The first write makes them the owner (sqlDecide); until then
+// nothing is written, so a decision refused by its checks leaves nothing.
+type Person struct {
+	ctx   context.Context
+	tx    pgx.Tx
+	e     *Engine
+	def   *Definition
+	seen  Operation
+	at    time.Time // the updated_at the person saw
+	actor string
+	r     *runner // nil until the first write
 }
 
 const sqlDecide = `
@@ -107,16 +89,14 @@ UPDATE operations
        attempts = 0, -- a fresh budget: a person decided to try again
        updated_at = now()` + opFence
 
-// Decide applies d in tx. It locks the operation as the person saw it,
-// checks that the decision fits the step it is stuck at, and then asks
-// check — the caller's last word, seeing the operation as locked — which
-// may refuse (ErrResolutionNotAllowed) and returns what every timeline line
-// of the decision ends with (who decided, seeing what). Refusals, nothing
-// written: ErrStateChanged (not as they saw it), ErrNotFound,
-// ErrResolutionNotAllowed.
-func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(seen Operation) (note string, err error)) (Operation, error) {
-	// Lock the operation as the person saw it, so the steps read next are
-	// the ones the decision applies to.
+// Decide runs decide, a person's decision on operation id as they saw it
+// (NEEDS_RECONCILIATION, updated at seenUpdatedAt), in tx. It locks the
+// operation as seen, so the steps decide reads are the ones the decision
+// applies to; decide either refuses — returns before any write, and
+// nothing is written — or writes through the Person. It returns the
+// operation as decided. Refusals, nothing written: ErrStateChanged (not as
+// they saw it), ErrNotFound, and decide's own.
+func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, id int64, seenUpdatedAt time.Time, actor string, decide func(p *Person) error) (Operation, error) {
 	var locked bool
 	err := tx.QueryRow(ctx, `
 		SELECT true
@@ -124,124 +104,116 @@ func (e *Engine) Decide(ctx context.Context, tx pgx.Tx, d Decision, check func(s
 		 WHERE id = $1
 		   AND status = 'NEEDS_RECONCILIATION'
 		   AND updated_at = $2 -- else it changed since it was shown
-		   FOR UPDATE`, d.OperationID, d.SeenUpdatedAt).Scan(&locked)
+		   FOR UPDATE`, id, seenUpdatedAt).Scan(&locked)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return Operation{}, fmt.Errorf("workflow: decide: %w", err)
 	}
-	seen, err := e.operation(ctx, tx, d.OperationID)
+	seen, err := e.operation(ctx, tx, id)
 	if err != nil {
 		return Operation{}, err
 	}
-	if !locked {
+	if !locked || seen.Status != StatusNeedsReconciliation || !seen.UpdatedAt.Equal(seenUpdatedAt) {
 		return Operation{}, ErrStateChanged
 	}
 	def, ok := e.defs[seen.Type]
 	if !ok {
 		return Operation{}, fmt.Errorf("workflow: no definition for %q", seen.Type)
 	}
-	if seen.Status != StatusNeedsReconciliation || !seen.UpdatedAt.Equal(d.SeenUpdatedAt) {
-		return Operation{}, ErrStateChanged
-	}
-	i := seen.current()
-	if i == len(seen.Steps) {
-		return Operation{}, fmt.Errorf("%w: every step is done", ErrResolutionNotAllowed)
-	}
-	stuck := seen.Steps[i]
-	step, _ := def.step(stuck.Name)
-	switch {
-	case d.Resolution == ResolveFailed && step.Refused != FailOperation:
-		return Operation{}, fmt.Errorf("%w: %s cannot be marked failed — what the earlier steps did elsewhere stands; "+
-			"mark it done once it is done by hand, or retry", ErrResolutionNotAllowed, stuck.Name)
-	case d.Resolution != ResolveRetry && !stuck.External() && seen.CancelRequestedAt != nil:
-		// A local step is the workflow's own write: marking it done would
-		// skip what it writes. Only recovery runs it (a cancelled
-		// operation handed to a person stops at one: cancel.go).
-		return Operation{}, fmt.Errorf("%w: %s is a step of this database's own: retry runs it", ErrResolutionNotAllowed, stuck.Name)
-	case d.Resolution == ResolveRetry && stuck.State == StepFailed:
-		return Operation{}, fmt.Errorf("%w: %s was refused definitely; the same call would be refused again", ErrResolutionNotAllowed, stuck.Name)
-	}
-	note, err := check(seen)
-	if err != nil {
+	p := &Person{ctx: ctx, tx: tx, e: e, def: def, seen: seen, at: seenUpdatedAt, actor: actor}
+	if err := decide(p); err != nil {
 		return Operation{}, err
 	}
-
-	r := e.runner(def, seen, d.Actor)
-	r.branch = BranchResolved
-	took, err := scanOperation(tx.QueryRow(ctx, sqlDecide, seen.ID, d.SeenUpdatedAt, d.Actor))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Operation{}, ErrStateChanged
+	if p.r == nil {
+		return seen, nil
 	}
-	if err != nil {
-		return Operation{}, fmt.Errorf("workflow: decide: %w", err)
-	}
-	took.Steps = seen.Steps
-	r.op, r.token = took, *took.OwnerToken
-	decided, _ := json.Marshal(map[string]string{"decided_by": d.Actor, "decision": string(d.Resolution), "note": d.Note})
-
-	decide := func() error {
-		switch d.Resolution {
-		case ResolveDone:
-			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person confirmed that "+stuck.Name+" happened: marked done"+note, "workflow.sqlDecide"); err != nil {
-				return err
-			}
-			if err := r.writeStep(ctx, tx, i, sqlStepDecided, StepDone, decided); err != nil {
-				return err
-			}
-			next, err := r.advance(ctx, tx, false)
-			if err != nil || next == nil {
-				return err
-			}
-			return r.transition(ctx, tx, sqlRetryRequested, "workflow.sqlRetryRequested", "the rest is recovery's: "+r.record(next.index).Name+" is next")
-		case ResolveRetry:
-			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person asked for a retry: handed back to recovery, which asks "+database.Deref(stuck.System)+" first"+note, "workflow.sqlDecide"); err != nil {
-				return err
-			}
-			if seen.CancelRequestedAt != nil && (!stuck.External() || def.effectStands(seen, i)) {
-				// Cancelled after an effect nothing undoes: the person decided
-				// the workflow runs on, so the cancel request is set aside —
-				// at a local step, and at an external one (its truth may be
-				// NOT_STARTED) when an earlier effect stands with no
-				// compensation: kept, the cancel would only stop it there and
-				// hand it back to a person, again and again.
-				if _, err := tx.Exec(ctx, sqlCancelSetAside, r.op.ID, r.token); err != nil {
-					return fmt.Errorf("workflow: set the cancel aside: %w", err)
-				}
-				if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-					"the cancel requested by "+database.Deref(seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", "workflow.sqlCancelSetAside"); err != nil {
-					return err
-				}
-			}
-			return r.transition(ctx, tx, sqlRetryRequested, "workflow.sqlRetryRequested", "handed back to recovery")
-		default:
-			if err := r.event(ctx, tx, StatusNeedsReconciliation, stuck.Name,
-				"a person marked "+stuck.Name+" failed: it did not happen and will not"+note, "workflow.sqlDecide"); err != nil {
-				return err
-			}
-			if err := r.writeStep(ctx, tx, i, sqlStepDecided, StepFailed, decided); err != nil {
-				return err
-			}
-			return r.refuse(ctx, tx, i, "marked failed by a person"+note)
-		}
-	}
-	if err := decide(); err != nil {
-		return Operation{}, err
-	}
-	return r.op, r.flush(ctx, tx)
+	return p.r.op, p.r.flush(ctx, tx)
 }
 
-// effectStands reports whether an external step before step i of op took
-// effect elsewhere while def has no Compensation: a cancel of op can never
-// end it cleanly (cancelAt's third case).
-func (def *Definition) effectStands(op Operation, i int) bool {
-	if len(def.Compensation) > 0 {
+// Seen is the operation as the person saw it, locked.
+func (p *Person) Seen() Operation { return p.seen }
+
+// Stuck is the step the operation waits at, and its definition (false
+// when every step is done).
+func (p *Person) Stuck() (StepRecord, Step, bool) {
+	rec, ok := p.seen.Stuck()
+	if !ok {
+		return StepRecord{}, Step{}, false
+	}
+	st, _ := p.def.step(rec.Name)
+	return rec, st, true
+}
+
+// EffectStands reports whether an external step before the stuck one took
+// effect elsewhere while nothing undoes it (the definition has no
+// Compensation): a cancel can never end the operation cleanly (cancelAt's
+// third case).
+func (p *Person) EffectStands() bool {
+	if len(p.def.Compensation) > 0 {
 		return false
 	}
-	for _, s := range op.Steps[:i] {
+	for _, s := range p.seen.Steps[:p.seen.current()] {
 		if s.External() && s.State == StepDone && s.SentAt != nil {
 			return true
 		}
 	}
 	return false
+}
+
+// Decided makes the person the owner for this transaction, if they are not
+// yet, and writes the decision's line on the timeline: detail, about the
+// stuck step.
+func (p *Person) Decided(detail string) error {
+	if p.r == nil {
+		took, err := scanOperation(p.tx.QueryRow(p.ctx, sqlDecide, p.seen.ID, p.at, p.actor))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrStateChanged
+		}
+		if err != nil {
+			return fmt.Errorf("workflow: decide: %w", err)
+		}
+		took.Steps = p.seen.Steps
+		p.r = p.e.runner(p.def, took, p.actor)
+		p.r.branch = BranchResolved
+	}
+	rec, _, _ := p.Stuck()
+	return p.r.event(p.ctx, p.tx, StatusNeedsReconciliation, rec.Name, detail, "workflow.sqlDecide")
+}
+
+// MarkStep writes the person's word on the stuck step — DONE or FAILED —
+// with what they decided as its answer.
+func (p *Person) MarkStep(state string, decided json.RawMessage) error {
+	return p.r.writeStep(p.ctx, p.tx, p.seen.current(), sqlStepDecided, state, decided)
+}
+
+// RunOn runs the local steps after a step marked DONE, in this
+// transaction, and leaves the next call, if any, to recovery.
+func (p *Person) RunOn() error {
+	next, err := p.r.advance(p.ctx, p.tx, false)
+	if err != nil || next == nil {
+		return err
+	}
+	return p.r.transition(p.ctx, p.tx, sqlRetryRequested, "workflow.sqlRetryRequested", "the rest is recovery's: "+p.r.record(next.index).Name+" is next")
+}
+
+// HandBack hands the operation back to recovery with a fresh budget.
+func (p *Person) HandBack() error {
+	return p.r.transition(p.ctx, p.tx, sqlRetryRequested, "workflow.sqlRetryRequested", "handed back to recovery")
+}
+
+// SetCancelAside clears the operation's cancel request: the person decided
+// the workflow runs on.
+func (p *Person) SetCancelAside() error {
+	if _, err := p.tx.Exec(p.ctx, sqlCancelSetAside, p.r.op.ID, p.r.token); err != nil {
+		return fmt.Errorf("workflow: set the cancel aside: %w", err)
+	}
+	rec, _, _ := p.Stuck()
+	return p.r.event(p.ctx, p.tx, StatusNeedsReconciliation, rec.Name,
+		"the cancel requested by "+database.Deref(p.seen.CancelRequestedBy)+" is set aside by a person: the workflow runs on", "workflow.sqlCancelSetAside")
+}
+
+// Fail is what a step marked FAILED means, as a definite refusal of it
+// would: the operation FAILS (the earlier steps undone), or a person
+// decides again.
+func (p *Person) Fail(why string) error {
+	return p.r.refuse(p.ctx, p.tx, p.seen.current(), why)
 }
