@@ -258,6 +258,27 @@ func TestProviderPageIsReadOnlyForCustomers(t *testing.T) {
 	if !bytes.Contains(page.Body, []byte(fmt.Sprintf(`data-policy-id="%d"`, alices))) || !bytes.Contains(page.Body, []byte(`data-testid="ledger-own"`)) {
 		t.Errorf("alice's /provider does not show her own line, marked as hers")
 	}
+
+	// The ledger's late arrivals too: a call about bob's policy refused for
+	// arriving late is not on alice's page, nor in her count; hers is. The
+	// same on /payments, whose ledger carries its own late arrivals.
+	for _, system := range fakeSystems {
+		for key, policy := range map[string]int64{"late-bob-" + system: bobs, "late-alice-" + system: alices} {
+			if _, err := s.DB.Pool.Exec(context.Background(), `
+				INSERT INTO fault.late_arrivals (system, idempotency_key, subject, deadline, arrived_at)
+				VALUES ($1, $2, $3, now() - interval '2 seconds', now())`, system, key, fmt.Sprintf("policy:%d", policy)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		page := doWith(t, client, s.URL, request{Method: "GET", Path: "/" + system})
+		body := string(page.Body)
+		if strings.Contains(body, "late-bob-"+system) || !strings.Contains(body, "late-alice-"+system) ||
+			!strings.Contains(body, `<span data-testid="late-total">1</span>`) || !strings.Contains(body, `data-testid="late-own"`) {
+			t.Errorf("alice's /%s: the late arrivals are not only hers (bob's shown: %v, hers: %v, counted: %v)", system,
+				strings.Contains(body, "late-bob-"+system), strings.Contains(body, "late-alice-"+system),
+				strings.Contains(body, `<span data-testid="late-total">1</span>`))
+		}
+	}
 }
 
 func TestBrowserProviderPageSwitchesTheMode(t *testing.T) {

@@ -294,7 +294,7 @@ func faultView(f fault.Fault) views.FaultView {
 func (app *App) faultsView(c echo.Context, system string, cfg fault.Config, timeout string, late fault.LateArrivals) (views.FakeView, error) {
 	u, _ := userFrom(c)
 	v := views.FakeView{System: system, CanEdit: u.IsAdmin(), Timeout: timeout, Global: faultView(cfg.Global),
-		LateTotal: late.Total}
+		LateTotal: late.Total, LateOwn: !u.IsAdmin()}
 	for _, f := range cfg.Overrides {
 		v.Overrides = append(v.Overrides, faultView(f))
 	}

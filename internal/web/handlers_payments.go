@@ -37,7 +37,11 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 	if err != nil {
 		return s.controlError(c, err)
 	}
-	fv, err := app.faultsView(c, "payments", cfg, app.cfg.PaymentsTimeout.String(), l.Late)
+	own, err := app.ownSubjects(c)
+	if err != nil {
+		return err
+	}
+	fv, err := app.faultsView(c, "payments", cfg, app.cfg.PaymentsTimeout.String(), own.late(l.Late))
 	if err != nil {
 		return err
 	}
@@ -45,13 +49,6 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 		FakeView: fv,
 		Charges:  views.MoneyTotals{Count: l.Charges.Count, Pending: l.Charges.Pending, Cents: l.Charges.AmountCents},
 		Refunds:  views.MoneyTotals{Count: l.Refunds.Count, Pending: l.Refunds.Pending, Cents: l.Refunds.AmountCents},
-	}
-	own, err := app.ownSubjects(c)
-	if err != nil {
-		return err
-	}
-	mine := func(policyID, bookingID *int64) bool {
-		return own == nil || (policyID != nil && own.policies[*policyID]) || (bookingID != nil && own.bookings[*bookingID])
 	}
 	if own != nil {
 		// A customer's ledger is their own policies' and bookings' lines,
@@ -63,7 +60,7 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 		return err
 	}
 	for _, sl := range l.BySubject {
-		if !mine(sl.PolicyID, sl.BookingID) {
+		if !own.has(sl.PolicyID, sl.BookingID) {
 			continue
 		}
 		if own != nil {
@@ -79,7 +76,7 @@ func (app *App) handlePaymentsPage(c echo.Context) error {
 		if len(vm.Entries) == 10 {
 			break
 		}
-		if !mine(e.PolicyID, e.BookingID) {
+		if !own.has(e.PolicyID, e.BookingID) {
 			continue
 		}
 		vm.Entries = append(vm.Entries, views.MoneyEntry{Kind: e.Kind, Key: e.Key, PolicyID: e.PolicyID, BookingID: e.BookingID,

@@ -59,6 +59,28 @@ func (app *App) ownSubjects(c echo.Context) (*subjects, error) {
 	return own, nil
 }
 
+// has reports whether a ledger line about policyID or bookingID is the
+// customer's; every line is an admin's (s nil).
+func (s *subjects) has(policyID, bookingID *int64) bool {
+	return s == nil || (policyID != nil && s.policies[*policyID]) || (bookingID != nil && s.bookings[*bookingID])
+}
+
+// late keeps the late arrivals a customer may see: their own calls', among
+// the newest the fake lists, and counts only those (an admin's: all).
+func (s *subjects) late(l fault.LateArrivals) fault.LateArrivals {
+	if s == nil {
+		return l
+	}
+	var own fault.LateArrivals
+	for _, a := range l.Recent {
+		if s.has(a.PolicyID, a.BookingID) {
+			own.Recent = append(own.Recent, a)
+		}
+	}
+	own.Total = int64(len(own.Recent))
+	return own
+}
+
 // maxOwnSubjects bounds the lookup: a demo customer has a handful.
 const maxOwnSubjects = 1000
 
@@ -76,21 +98,21 @@ func (app *App) handleProviderPage(c echo.Context) error {
 	if err != nil {
 		return s.controlError(c, err)
 	}
+	own, err := app.ownSubjects(c)
+	if err != nil {
+		return err
+	}
 	var late fault.LateArrivals
 	if effects.Late != nil {
 		late = *effects.Late
 	}
-	fv, err := app.faultsView(c, "provider", cfg, app.cfg.ProviderTimeout.String(), late)
+	fv, err := app.faultsView(c, "provider", cfg, app.cfg.ProviderTimeout.String(), own.late(late))
 	if err != nil {
 		return err
 	}
 	vm := views.ProviderView{
 		FakeView: fv,
 		Effects:  views.ProviderEffects{Total: effects.Total, Pending: effects.Pending},
-	}
-	own, err := app.ownSubjects(c)
-	if err != nil {
-		return err
 	}
 	if own != nil {
 		// A customer's ledger is their own policies' lines, and its totals
