@@ -72,7 +72,7 @@ type OperationDetail struct {
 	CancelLabel string // "Cancelled." once stopped, "Cancel requested." before
 	// RetryFrom is the admin's keyed form to retry a stopped operation from
 	// the step it stopped at (nil: not offered); RetryRefused says why a
-	// stopped one is not (workflow.RetryableFrom).
+	// stopped one is not (operations.RetryableFrom).
 	RetryFrom    *RetryForm
 	RetryRefused string
 }

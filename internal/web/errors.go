@@ -99,13 +99,13 @@ var errorTable = []struct {
 	{operations.ErrResumeNotAllowed, http.StatusConflict, "resume-not-allowed", "This kind of operation is not resumed"},
 	{workflow.ErrNotLive, http.StatusConflict, "not-live", "Only a live operation can be cancelled"},
 	{workflow.ErrCancelRequested, http.StatusConflict, "cancel-already-requested", "A cancel of this operation was already requested"},
-	// A retry from a step (workflow/retry.go): one answer per unsafe case.
-	{workflow.ErrRetryNotStopped, http.StatusConflict, "retry-not-stopped", "Only a stopped operation is retried from a step"},
-	{workflow.ErrRetryNoSuchStep, http.StatusUnprocessableEntity, "validation-failed", "No such step"},
-	{workflow.ErrRetryStepUnknown, http.StatusConflict, "retry-step-unknown", "The step's outcome is unknown"},
-	{workflow.ErrRetryStepTookEffect, http.StatusConflict, "retry-step-took-effect", "The step took effect"},
-	{workflow.ErrRetryStepNotNext, http.StatusConflict, "retry-step-not-next", "The operation did not stop at that step"},
-	{workflow.ErrRetryAfterUndo, http.StatusConflict, "retry-after-undo", "What the earlier steps did was undone"},
+	// A retry from a step (operations/retry.go): one answer per unsafe case.
+	{operations.ErrRetryNotStopped, http.StatusConflict, "retry-not-stopped", "Only a stopped operation is retried from a step"},
+	{operations.ErrRetryNoSuchStep, http.StatusUnprocessableEntity, "validation-failed", "No such step"},
+	{operations.ErrRetryStepUnknown, http.StatusConflict, "retry-step-unknown", "The step's outcome is unknown"},
+	{operations.ErrRetryStepTookEffect, http.StatusConflict, "retry-step-took-effect", "The step took effect"},
+	{operations.ErrRetryStepNotNext, http.StatusConflict, "retry-step-not-next", "The operation did not stop at that step"},
+	{operations.ErrRetryAfterUndo, http.StatusConflict, "retry-after-undo", "What the earlier steps did was undone"},
 	{recovery.ErrUnknownSystem, http.StatusNotFound, "not-found", "No such external system"},
 	{slots.ErrNotFound, http.StatusNotFound, "not-found", "Slot not found"},
 	{fault.ErrInvalidFault, http.StatusUnprocessableEntity, "invalid-fault", "Invalid fault"},
@@ -226,13 +226,13 @@ func enrich(p *problem.Problem, err error) *problem.Problem {
 	if errors.As(err, &notFailed) {
 		p.With("operation_status", notFailed.Status)
 	}
-	var retry *workflow.RetryRefusal
+	var retry *operations.RetryRefusal
 	if errors.As(err, &retry) {
 		p.With("step", retry.Step).With("operation_status", retry.Status)
 		if retry.State != "" {
 			p.With("step_state", retry.State)
 		}
-		if errors.Is(err, workflow.ErrRetryNoSuchStep) {
+		if errors.Is(err, operations.ErrRetryNoSuchStep) {
 			p.With("field", "step")
 		}
 	}

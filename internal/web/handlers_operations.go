@@ -18,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/tracing"
@@ -150,8 +151,8 @@ func (app *App) handleOperationPage(c echo.Context) error {
 	}
 	if u.IsAdmin() && vm.Resume == nil && (vm.Status == workflow.StatusFailed || vm.Status == workflow.StatusNeedsReconciliation) {
 		// A resumable FAILED operation is resumed (the same run again from
-		// its start); the retry from a step is for the rest (retry.go).
-		step, refusal := app.engine.RetryCandidate(v.Operation)
+		// its start); the retry from a step is for the rest (operations/retry.go).
+		step, refusal := operations.RetryCandidate(app.engine, v.Operation)
 		if refusal != nil {
 			vm.RetryRefused = publicDetail(refusal)
 		} else {

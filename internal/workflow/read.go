@@ -155,6 +155,15 @@ func (e *Engine) Operations(ctx context.Context, ids []int64) ([]Operation, erro
 	return ops, withSteps(ctx, e.pool, pointers(ops))
 }
 
+// Definition returns the definition of the operations of type typ.
+func (e *Engine) Definition(typ string) (Definition, bool) {
+	def, ok := e.defs[typ]
+	if !ok {
+		return Definition{}, false
+	}
+	return *def, true
+}
+
 // Step returns the definition of step name of the operations of type typ.
 func (e *Engine) Step(typ, name string) (Step, bool) {
 	def, ok := e.defs[typ]

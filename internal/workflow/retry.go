@@ -13,139 +13,12 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 )
 
-// This file is how a person retries a stopped operation from one of its
-// steps — Temporal's "reset", for the one case where it is safe without
-// replaying anything: the step's outcome is known not to have taken effect,
-// and nothing after it ran.
-//
-// A retry is a new run, as a resume (Restart) is: a step never moves
-// backwards, and the retried step goes under a new key ({op}:{step}:{run}),
-// so its system gets a new request, never the refused one again. Unlike a
-// resume, the steps before it are not run again: they are carried into the
-// new run as copies, DONE, under the keys they were done with
-// (carried_from_run), so no call of theirs is ever sent twice. The case
-// that needs it: a cancellation whose refund was refused — the provider
-// cancelled the policy, which stands; the refund is tried again under a new
-// key once the customer's payment details are fixed.
-//
-// The rule (RetryableFrom), every part of it for a reason:
-//
-//   - the operation is stopped: FAILED, or waiting for a person. A live one
-//     belongs to its owner; cancel it first.
-//   - the step is one of the workflow's own after the intent (the intent is
-//     the request's: a resume starts again from it; a compensation is the
-//     desk's to decide);
-//   - every step before it is DONE: what they did stands and is carried;
-//   - the step itself is known not to have taken effect: FAILED (a definite
-//     refusal, or a person's word) or never sent (PENDING, CANCELLED).
-//     Never DONE (it took effect: again would be twice) and never SENT or
-//     UNKNOWN (nobody knows what it did: its truth is learned first — the
-//     desk asks — never guessed by sending it again under another key);
-//   - nothing after it ran, and nothing before it was undone (an earlier
-//     step's Undo ran when the operation failed, or its compensations ran
-//     after a cancel): the steps to carry would no longer be what DONE says.
-
-// The refusals of a retry from a step, each a *RetryRefusal.
-var (
-	ErrRetryNotStopped     = errors.New("workflow: only a FAILED operation, or one waiting for a person, is retried from a step")
-	ErrRetryNoSuchStep     = errors.New("workflow: the workflow has no such step")
-	ErrRetryStepUnknown    = errors.New("workflow: the step's outcome is unknown: its truth is learned first, never guessed by sending it again")
-	ErrRetryStepTookEffect = errors.New("workflow: the step took effect: running it again would do it twice")
-	ErrRetryStepNotNext    = errors.New("workflow: the operation did not stop at that step")
-	ErrRetryAfterUndo      = errors.New("workflow: what the earlier steps did was undone: this run cannot go on")
-)
-
-// RetryRefusal says why a retry from Step was refused; it unwraps to one of
-// the errors above.
-type RetryRefusal struct {
-	Kind   error
-	Step   string
-	State  string // the step's state ("" for no such step)
-	Status string // the operation's
-	Why    string // in words, for the page and the problem's detail
-}
-
-func (e *RetryRefusal) Error() string { return e.Why }
-func (e *RetryRefusal) Unwrap() error { return e.Kind }
-
-// RetryableFrom reports whether op may be retried from its step named step:
-// nil, or a *RetryRefusal that says why not.
-func (e *Engine) RetryableFrom(op Operation, step string) error {
-	def, ok := e.defs[op.Type]
-	if !ok {
-		return fmt.Errorf("workflow: no definition for %q", op.Type)
-	}
-	return def.retryableFrom(op, step)
-}
-
-// RetryCandidate is the step op would be retried from — the one it stopped
-// at — or the refusal that says why it cannot be (for the page).
-func (e *Engine) RetryCandidate(op Operation) (string, error) {
-	name := ""
-	for _, s := range op.Steps {
-		if s.State != StepDone {
-			name = s.Name
-			break
-		}
-	}
-	return name, e.RetryableFrom(op, name)
-}
-
-func (def *Definition) retryableFrom(op Operation, name string) error {
-	refuse := func(kind error, state, why string) error {
-		return &RetryRefusal{Kind: kind, Step: name, State: state, Status: op.Status, Why: why}
-	}
-	if op.Status != StatusFailed && op.Status != StatusNeedsReconciliation {
-		why := "it is " + op.Status + ": nothing to retry"
-		if !op.Terminal() {
-			why = "it is " + op.Status + ": someone is running it (cancel it first, or wait for its end)"
-		}
-		return refuse(ErrRetryNotStopped, "", why)
-	}
-	at := -1
-	for i, s := range def.Steps {
-		if s.Name == name {
-			at = i
-		}
-	}
-	switch {
-	case at < 0 && def.compensation(name):
-		return refuse(ErrRetryStepNotNext, "", name+" is a compensation: a person decides it on the reconciliation desk")
-	case at < 0:
-		return refuse(ErrRetryNoSuchStep, "", fmt.Sprintf("a %s has no step %q", def.Type, name))
-	case at == 0:
-		return refuse(ErrRetryStepNotNext, StepDone, name+" is the request's intent: resume runs the whole workflow again")
-	case len(op.Steps) != len(def.Steps):
-		return refuse(ErrRetryAfterUndo, "", "it was cancelled and its compensations ran: what its steps did was undone on purpose")
-	}
-	steps := map[string]StepRecord{}
-	for _, s := range op.Steps {
-		steps[s.Name] = s
-	}
-	for _, s := range def.Steps[:at] {
-		switch {
-		case steps[s.Name].State != StepDone:
-			return refuse(ErrRetryStepNotNext, steps[name].State, fmt.Sprintf("it stopped at %s, before %s: retry from %s", s.Name, name, s.Name))
-		case s.Undo != nil && op.Status == StatusFailed:
-			// A FAILED run ran every earlier step's Undo (undoAndFail).
-			return refuse(ErrRetryAfterUndo, steps[name].State, s.Name+" was undone when the operation failed: a new request starts afresh")
-		}
-	}
-	rec := steps[name]
-	switch rec.State {
-	case StepDone:
-		return refuse(ErrRetryStepTookEffect, rec.State, name+" is DONE: it took effect, and again would be twice")
-	case StepSent, StepUnknown:
-		return refuse(ErrRetryStepUnknown, rec.State, name+" was sent and its outcome is unknown: a new key could make it happen twice. "+
-			"Its truth is learned first — ask its system on the reconciliation desk")
-	}
-	for _, s := range def.Steps[at+1:] {
-		if st := steps[s.Name].State; st != StepPending && st != StepCancelled {
-			return refuse(ErrRetryStepNotNext, rec.State, s.Name+", after "+name+", is "+st+": retry from where it stopped")
-		}
-	}
-	return nil
-}
+// This file is how a stopped operation is started again from one of its
+// steps, as its next run: the steps before it carried over, DONE, under the
+// keys they were done with; the step and the rest laid out under the new
+// run's keys. When that is safe — the rule — is internal/operations'
+// (RetryableFrom); the engine writes it, under the operation's lock and
+// conditional on the state the person saw.
 
 // RetryFromRequest is a person's retry of one operation from one step.
 type RetryFromRequest struct {
@@ -196,7 +69,7 @@ SELECT operation_id, $2, position, name, step_key, system, 'DONE', attempts, dea
  WHERE operation_id = $1
    AND run = $2 - 1
    AND position < $3
-   AND state = 'DONE' -- RetryableFrom checked it under the operation's lock
+   AND state = 'DONE' -- the rule checked it under the operation's lock
 UNION ALL
 SELECT $1, $2, $3 + s.n - 1, s.name, s.step_key, s.system, 'PENDING', 0, NULL,
        NULL, NULL, CASE WHEN s.n = 1 THEN $7::jsonb END, NULL, NULL, NULL
@@ -208,8 +81,9 @@ RETURNING ` + stepColumns
 // a StartFunc's work, for Engine.Start, which runs it from there — and seen,
 // the operation as the person acted on it. existing is true when the
 // request that made this retry came back (same key): nothing is done again.
-// Refusals, nothing written: ErrNotFound, ErrStateChanged, *RetryRefusal.
-func (e *Engine) RetryFrom(ctx context.Context, tx pgx.Tx, req RetryFromRequest, owner Owner) (seen, op Operation, existing bool, err error) {
+// check, the rule, sees the operation as locked and may refuse. Refusals,
+// nothing written: ErrNotFound, ErrStateChanged, and check's own.
+func (e *Engine) RetryFrom(ctx context.Context, tx pgx.Tx, req RetryFromRequest, owner Owner, check func(seen Operation) error) (seen, op Operation, existing bool, err error) {
 	var locked int64
 	err = tx.QueryRow(ctx, `SELECT id FROM operations WHERE id = $1 FOR UPDATE`, req.OperationID).Scan(&locked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -227,11 +101,7 @@ func (e *Engine) RetryFrom(ctx context.Context, tx pgx.Tx, req RetryFromRequest,
 	if !seen.UpdatedAt.Equal(req.SeenUpdatedAt) {
 		return Operation{}, Operation{}, false, ErrStateChanged
 	}
-	def, ok := e.defs[seen.Type]
-	if !ok {
-		return Operation{}, Operation{}, false, fmt.Errorf("workflow: no definition for %q", seen.Type)
-	}
-	if err := def.retryableFrom(seen, req.Step); err != nil {
+	if err := check(seen); err != nil {
 		return Operation{}, Operation{}, false, err
 	}
 	op, err = scanOperation(tx.QueryRow(ctx, sqlRetryFrom, seen.ID, req.RequestKey, owner.ID, owner.Lease.Seconds(), req.SeenUpdatedAt))
