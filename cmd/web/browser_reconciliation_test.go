@@ -39,6 +39,9 @@ func signInAdmin(t *testing.T, ctx context.Context, s *testServer) {
 // of many cards is a very tall page.
 func shootBoth(t *testing.T, ctx context.Context, label string) {
 	t.Helper()
+	if !browsertest.SavingScreenshots() {
+		return
+	}
 	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
 		var png []byte
 		err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]), chromedp.CaptureScreenshot(&png))
@@ -219,17 +222,28 @@ func TestBrowserReconciliationSuggestionFollowsTheTruth(t *testing.T) {
 // askAllUntilAnswered clicks "ask again for all shown" until every one of
 // n items got an answer (on a loaded machine a status query can outlive
 // its timeout), as a person would; it returns the clicks.
+// submitForNotice clicks the button sel and returns the notice of the page
+// its form leads to. The notice already on the page (an earlier answer) is
+// removed first: otherwise the wait could match it at once, and the read
+// after it land while the new page replaces it ("Cannot find context with
+// specified id", seen once the screenshots no longer slowed the steps).
+func submitForNotice(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	err := browsertest.Run(ctx,
+		chromedp.Evaluate(`document.querySelectorAll('[data-testid="notice"]').forEach(n => n.remove())`, nil),
+		chromedp.Click(sel, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text(t, ctx, `[data-testid="notice"]`)
+}
+
 func askAllUntilAnswered(t *testing.T, ctx context.Context, n int) int {
 	t.Helper()
 	for try := 1; ; try++ {
-		err := browsertest.Run(ctx,
-			chromedp.Click(`[data-testid="ask-all"] button`, chromedp.ByQuery),
-			chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
-		)
-		if err != nil {
-			t.Fatal(err)
-		}
-		notice := text(t, ctx, `[data-testid="notice"]`)
+		notice := submitForNotice(t, ctx, `[data-testid="ask-all"] button`)
 		if strings.Contains(notice, fmt.Sprintf("%d of %d answered", n, n)) {
 			return try
 		}
@@ -271,14 +285,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		t.Fatalf("desk total %s", n)
 	}
 	// Asked during the outage: no answer, no bulk decision offered.
-	err := browsertest.Run(ctx,
-		chromedp.Click(`[data-testid="ask-all"] button`, chromedp.ByQuery),
-		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := text(t, ctx, `[data-testid="notice"]`); !strings.Contains(n, "0 of 40 answered") {
+	if n := submitForNotice(t, ctx, `[data-testid="ask-all"] button`); !strings.Contains(n, "0 of 40 answered") {
 		t.Fatalf("asked during the outage: %q", n)
 	}
 	var bulk int
@@ -306,15 +313,8 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		if action == "mark_done" && applied == 0 || action == "retry" && applied == 40 {
 			continue // the outage left none of these
 		}
-		err = browsertest.Run(ctx,
-			chromedp.Click(fmt.Sprintf(`[data-testid="bulk-%s"] button`, action), chromedp.ByQuery),
-			chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
-		)
-		if err != nil {
-			t.Fatal(err)
-		}
 		clicks++
-		if n := text(t, ctx, `[data-testid="notice"]`); !strings.Contains(n, " decided.") || strings.Contains(n, "changed") {
+		if n := submitForNotice(t, ctx, fmt.Sprintf(`[data-testid="bulk-%s"] button`, action)); !strings.Contains(n, " decided.") || strings.Contains(n, "changed") {
 			t.Fatalf("after bulk %s: %q", action, n)
 		}
 	}
@@ -326,7 +326,7 @@ func TestBrowserBulkAskAgainClearsAnOutage(t *testing.T) {
 		}
 	}
 	s.assertInvariants(t)
-	err = browsertest.Run(ctx,
+	err := browsertest.Run(ctx,
 		chromedp.Navigate(s.URL+"/reconciliation"),
 		chromedp.WaitVisible(`[data-testid="nothing-to-reconcile"]`, chromedp.ByQuery),
 	)

@@ -330,11 +330,9 @@ func TestBrowserProviderPageSwitchesTheMode(t *testing.T) {
 	if mode != "3" {
 		t.Errorf("effects total on the page: %q, want 3", mode)
 	}
-	p, err := browsertest.Screenshot(ctx, t, "provider")
-	if err != nil {
+	if err := browsertest.Screenshot(ctx, t, "provider"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("screenshot: %s", p)
 
 	// A customer sees the same page, read-only.
 	err = chromedp.Run(ctx,
@@ -349,11 +347,9 @@ func TestBrowserProviderPageSwitchesTheMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = browsertest.Screenshot(ctx, t, "provider-customer")
-	if err != nil {
+	if err := browsertest.Screenshot(ctx, t, "provider-customer"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("screenshot: %s", p)
 }
 
 // A fault the fake would refuse is refused at the app's edge, 422 with the

@@ -79,7 +79,7 @@ func New(t testing.TB) context.Context {
 	t.Cleanup(func() {
 		if t.Failed() {
 			// tabCtx, not ctx: ctx may be the deadline that failed the test.
-			if p, err := Screenshot(tabCtx, t, "failure"); err == nil {
+			if p, err := capture(tabCtx, t, "failure"); err == nil {
 				t.Logf("browsertest: screenshot of the failing page: %s", p)
 			} else {
 				t.Logf("browsertest: no screenshot of the failing page: %v", err)
@@ -161,7 +161,7 @@ func removeDeadProfiles() {
 }
 
 // ScreenshotDir is where screenshots go: $SCREENSHOT_DIR, or a folder in
-// the system temp directory.
+// the system temp directory (a failing test's page, when it is unset).
 func ScreenshotDir() string {
 	if d := os.Getenv("SCREENSHOT_DIR"); d != "" {
 		return d
@@ -169,11 +169,32 @@ func ScreenshotDir() string {
 	return filepath.Join(os.TempDir(), "idemlab-screenshots")
 }
 
+// SavingScreenshots reports whether the tests' pictures of their pages are
+// wanted: SCREENSHOT_DIR is set. They are for a person to look at and
+// assert nothing, and each costs Chromium about a quarter of a CPU-second
+// (150 of them were a tenth of make test), so a run that nobody looks at
+// takes none; a failing test's page is saved either way.
+func SavingScreenshots() bool { return os.Getenv("SCREENSHOT_DIR") != "" }
+
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 // Screenshot saves a full-page PNG of the current page as
+// <ScreenshotDir>/<test name>-<label>.png and logs its path, when
+// SavingScreenshots; otherwise it does nothing.
+func Screenshot(ctx context.Context, t testing.TB, label string) error {
+	if !SavingScreenshots() {
+		return nil
+	}
+	p, err := capture(ctx, t, label)
+	if err == nil {
+		t.Logf("screenshot: %s", p)
+	}
+	return err
+}
+
+// capture saves a full-page PNG of the current page as
 // <ScreenshotDir>/<test name>-<label>.png and returns its path.
-func Screenshot(ctx context.Context, t testing.TB, label string) (string, error) {
+func capture(ctx context.Context, t testing.TB, label string) (string, error) {
 	var png []byte
 	shotCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
