@@ -189,6 +189,17 @@ func TestFakeControlAPIsWhenTheFakeIsUnreachable(t *testing.T) {
 			}
 		}
 	}
+	// A lab that needs the provider says the provider is away, not the
+	// database, while the database answers (issue 29, finding 27) — and
+	// names the variable, not the address.
+	if r := s.do(request{Method: "GET", Path: "/readyz"}); r.Status != http.StatusOK {
+		t.Fatalf("/readyz with only the fakes away: %d %s", r.Status, r.Body)
+	}
+	r := s.do(runLabReq("timeouts", "demo-alice", "timeouts-provider-away"))
+	if r.Status != http.StatusServiceUnavailable || r.problemType() != "lab-unavailable" ||
+		!strings.Contains(string(r.Body), "PROVIDER_URL") || strings.Contains(string(r.Body), gone) {
+		t.Errorf("the timeout lab with the provider away: %d %s, want 503 lab-unavailable naming PROVIDER_URL, not %s", r.Status, r.Body, gone)
+	}
 }
 
 // The app reaches the in-process payments service over HTTP: a refund sent

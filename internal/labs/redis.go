@@ -79,8 +79,10 @@ func runRedis(ctx context.Context, e *env) ([]Variant, error) {
 		// Nothing at REDIS_URL (a bare machine): the lab runs on a private
 		// redis-server of its own, its keys gone with it when the run ends.
 		if _, missing := exec.LookPath(e.cfg.RedisServer); missing != nil {
-			return nil, fmt.Errorf("%w: Redis does not answer at REDIS_URL (%v), and there is no %s to start a private one: "+
-				"install it (Debian: apt-get install redis-server) or set REDIS_URL to a Redis that answers", ErrUnavailable, err, e.cfg.RedisServer)
+			// The cause names the host: the log has it, the reader the variable.
+			e.cfg.Logger.Warn("labs: the Redis lab has no Redis", "run", e.run, "err", err, "redis_server", e.cfg.RedisServer)
+			return nil, fmt.Errorf("%w: Redis does not answer at REDIS_URL, and there is no %s to start a private one: "+
+				"install it (Debian: apt-get install redis-server) or set REDIS_URL to a Redis that answers", ErrUnavailable, e.cfg.RedisServer)
 		}
 		private, err := startPrivateRedis(ctx, e.cfg.RedisServer)
 		if err != nil {

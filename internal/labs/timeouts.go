@@ -79,8 +79,10 @@ func runTimeouts(ctx context.Context, e *env) ([]Variant, error) {
 		f.SlowMS = int((d.ProviderTimeout + 2*time.Second).Milliseconds())
 		if _, err := d.Provider.SetFaults(ctx, f); err != nil {
 			// The provider's control API is away: the lab cannot run (503
-			// lab-unavailable), and it is not the database's fault.
-			return nil, fmt.Errorf("%w: the provider does not answer (schedule %s): %v", ErrUnavailable, mode, err)
+			// lab-unavailable), and it is not the database's fault. The
+			// cause names hosts: the log has it, the reader the variable.
+			e.cfg.Logger.Warn("labs: the timeout lab cannot schedule the provider's faults", "run", e.run, "mode", mode, "err", err)
+			return nil, fmt.Errorf("%w: the provider's control API does not answer (PROVIDER_URL); the app's log has the cause", ErrUnavailable)
 		}
 		wg.Add(1)
 		go func() {
