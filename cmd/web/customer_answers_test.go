@@ -103,6 +103,29 @@ func TestEveryCustomerAnswerIsRedacted(t *testing.T) {
 	r = keyed("a refused refund", func(k string) response { return s.release("demo-alice", bookings[1], k) }, http.StatusConflict)
 	ops = append(ops, opOf(r))
 
+	// The answers that went well, and the refusals of a second intent, carry
+	// the operation too: a second cancellation of the first policy under a
+	// new key (409 duplicate-intent), a cancellation the provider confirmed
+	// (200), a paid deposit booking (201) and its cancellation refunded (200).
+	keyed("a second cancellation of the same policy (new key)", func(k string) response { return s.do(cancelReq(pid, "demo-alice", k, "")) },
+		http.StatusConflict)
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeOK })
+	setPayments(`{"mode":"ok"}`)
+	r = keyed("a policy cancellation (confirmed)", func(k string) response {
+		return s.do(cancelReq(s.policyOf(t, "demo-alice", 1), "demo-alice", k, ""))
+	}, http.StatusOK)
+	ops = append(ops, opOf(r))
+	slot = depositSlot(t, s.DB, 0)
+	r = keyed("a paid deposit booking", func(k string) response { return s.book("demo-alice", slot, k, "") }, http.StatusCreated)
+	ops = append(ops, opOf(r))
+	var paid struct {
+		ID int64 `json:"id"`
+	}
+	r.JSON(t, &paid)
+	bookings = append(bookings, paid.ID)
+	r = keyed("a refunded deposit cancellation", func(k string) response { return s.release("demo-alice", paid.ID, k) }, http.StatusOK)
+	ops = append(ops, opOf(r))
+
 	// Bob's cancellation, live too (the provider still answers 503): alice
 	// sees recovery at work on it, not bob's reason or request key.
 	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeError })
