@@ -85,7 +85,7 @@ UPDATE operations
        updated_at = now()
  WHERE id = $1
    AND status IN ('IN_PROGRESS', 'RECOVERING', 'NEEDS_RECONCILIATION') -- never a finished operation
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // Callback receives one callback: see the gates above. When it settles a
 // step it runs the operation on like its owner — the local steps in the
@@ -225,7 +225,7 @@ func (e *Engine) Callback(ctx context.Context, cb Callback) (CallbackResult, err
 // takeOverForCallback makes the callback the owner of op (sqlCallbackTakeOver).
 func (e *Engine) takeOverForCallback(ctx context.Context, tx pgx.Tx, def *Definition, op Operation, actor, said string) (*runner, error) {
 	args := []any{op.ID, actor, e.cfg.Lease.Seconds()}
-	taken, err := scanOperation(tx.QueryRow(ctx, sqlCallbackTakeOver, args...))
+	taken, err := ScanOperation(tx.QueryRow(ctx, sqlCallbackTakeOver, args...))
 	if err != nil {
 		return nil, fmt.Errorf("workflow: callback take over: %w", err)
 	}

@@ -58,7 +58,7 @@ UPDATE operations
  WHERE id = $1
    AND status IN ('IN_PROGRESS', 'RECOVERING') -- 0 rows: finished, or waiting for a person
    AND cancel_requested_at IS NULL -- 0 rows: someone asked first
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // RequestCancel marks operation id cancelled by actor, in tx, and returns
 // it as it was just before (seen: the state the request acted on, with its
@@ -68,7 +68,7 @@ func (e *Engine) RequestCancel(ctx context.Context, tx pgx.Tx, id int64, actor s
 	if seen, err = e.operation(ctx, tx, id); err != nil {
 		return Operation{}, Operation{}, err
 	}
-	marked, err = scanOperation(tx.QueryRow(ctx, sqlRequestCancel, id, actor))
+	marked, err = ScanOperation(tx.QueryRow(ctx, sqlRequestCancel, id, actor))
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Read again: the row as the conditional write found it.
 		now, err := e.operation(ctx, tx, id)

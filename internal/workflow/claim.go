@@ -53,7 +53,7 @@ WITH stale AS (
 UPDATE operations` + claimSet + `
   FROM stale
  WHERE id = stale.stale_id
-RETURNING was, was_released, ` + opColumns
+RETURNING was, was_released, ` + OperationColumns
 
 var sqlStaleCandidates = `
 SELECT id, status
@@ -73,7 +73,7 @@ UPDATE operations` + claimSet + `
  WHERE id = $2
    AND status = $5 -- still in the state we saw …
    AND ` + staleCondition + ` -- … and still stale: 0 rows means another worker claimed it first
-RETURNING $5::text, was_released, ` + opColumns
+RETURNING $5::text, was_released, ` + OperationColumns
 
 // An operation waiting for a person is asked again when next_attempt_at
 // comes. The claim only moves next_attempt_at out of the other workers'
@@ -93,7 +93,7 @@ UPDATE operations
    SET next_attempt_at = now() + make_interval(secs => $3) -- held while asked; the question sets the next time
   FROM due
  WHERE id = due.due_id
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // ClaimStale claims up to req.Limit stale operations for req.Actor under a
 // new owner token and a lease of req.Lease, recording a claimed event for
@@ -132,7 +132,7 @@ func (e *Engine) claimSkipLocked(ctx context.Context, req recovery.ClaimRequest)
 		batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 			var c claimed
 			var err error
-			c.op, err = scanOperation(row, &c.was, &c.released)
+			c.op, err = ScanOperation(row, &c.was, &c.released)
 			return c, err
 		})
 		if err != nil {
@@ -170,7 +170,7 @@ func (e *Engine) claimByTransition(ctx context.Context, req recovery.ClaimReques
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			var c claimed
 			var err error
-			c.op, err = scanOperation(tx.QueryRow(ctx, sqlClaimTransition,
+			c.op, err = ScanOperation(tx.QueryRow(ctx, sqlClaimTransition,
 				e.cfg.Clock.Arg(), cand.ID, req.Actor, req.Lease.Seconds(), cand.Status), &c.was, &c.released)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // someone else claimed it (or it finished): not ours
@@ -196,7 +196,7 @@ func (e *Engine) claimReasks(ctx context.Context, req recovery.ClaimRequest, lim
 	if err != nil {
 		return nil, fmt.Errorf("workflow: claim re-asks: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return ScanOperation(row) })
 	if err != nil {
 		return nil, fmt.Errorf("workflow: claim re-asks: %w", err)
 	}
@@ -218,7 +218,7 @@ type claimed struct {
 	released *string
 }
 
-func (c claimed) claim(req recovery.ClaimRequest) recovery.Claim {
+func (c claimed) asClaim(req recovery.ClaimRequest) recovery.Claim {
 	return recovery.Claim{ID: c.op.ID, Type: c.op.Type, Token: *c.op.OwnerToken, From: c.was,
 		Reason: claimReason(c.released), Actor: req.Actor, SeenUpdatedAt: c.op.UpdatedAt, Seen: c.op}
 }
@@ -238,7 +238,7 @@ func recordClaims(ctx context.Context, tx pgx.Tx, req recovery.ClaimRequest, bat
 	claims := make([]recovery.Claim, len(batch))
 	events := make([]event, len(batch))
 	for i, c := range batch {
-		claims[i] = c.claim(req)
+		claims[i] = c.asClaim(req)
 		events[i] = event{op: c.op, from: c.was, actor: req.Actor, branch: BranchClaimed,
 			detail: "claimed for recovery: " + claims[i].Reason, statement: statement}
 	}

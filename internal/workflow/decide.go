@@ -55,7 +55,7 @@ UPDATE operations
  WHERE id = $1
    AND status = 'NEEDS_RECONCILIATION'
    AND updated_at = $2 -- 0 rows: it changed since it was shown (someone else resolved it)
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // sqlStepDecided records a person's word on a step, whatever it was.
 const sqlStepDecided = ownerCTE + `
@@ -164,7 +164,7 @@ func (p *Person) EffectStands() bool {
 // stuck step.
 func (p *Person) Decided(detail string) error {
 	if p.r == nil {
-		took, err := scanOperation(p.tx.QueryRow(p.ctx, sqlDecide, p.seen.ID, p.at, p.actor))
+		took, err := ScanOperation(p.tx.QueryRow(p.ctx, sqlDecide, p.seen.ID, p.at, p.actor))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrStateChanged
 		}

@@ -211,12 +211,15 @@ func operationOfKey(key string) (int64, bool) {
 	return id, err == nil && id > 0
 }
 
-// opColumns is the select list scanOperation reads, in order.
-const opColumns = `id, operation_type, coalesce(policy_id, 0), coalesce(booking_id, 0), user_id, idempotency_key,
+// OperationColumns is the select list ScanOperation reads, in order: the
+// engine's, and other packages' reads that join operations to their own
+// tables (a policy's page).
+const OperationColumns = `id, operation_type, coalesce(policy_id, 0), coalesce(booking_id, 0), user_id, idempotency_key,
 	reason, status, owner_token::text, owner_id, lease_expires_at, released, run, attempts, next_attempt_at,
 	last_error, created_at, updated_at, finished_at, cancel_requested_at, cancel_requested_by`
 
-func scanOperation(row pgx.Row, prefix ...any) (Operation, error) {
+// ScanOperation reads OperationColumns from row, after prefix.
+func ScanOperation(row pgx.Row, prefix ...any) (Operation, error) {
 	var op Operation
 	err := row.Scan(append(prefix, &op.ID, &op.Type, &op.PolicyID, &op.BookingID, &op.UserID, &op.IdempotencyKey,
 		&op.Reason, &op.Status, &op.OwnerToken, &op.OwnerID, &op.LeaseExpiresAt, &op.Released, &op.Run, &op.Attempts,
@@ -238,16 +241,6 @@ func scanStep(row pgx.Row) (StepRecord, error) {
 func stepDest(s *StepRecord) []any {
 	return []any{&s.Position, &s.Name, &s.Key, &s.System, &s.State, &s.Attempts, &s.DeadlineAt, &s.SentAt,
 		&s.FinishedAt, &s.Request, &s.Answer, &s.Truth, &s.UpdatedAt, &s.CarriedFromRun, &s.Traceparent}
-}
-
-// OperationColumns is the operation select list for other packages' reads
-// that join operations to their own tables (a policy's page); ScanOperation
-// reads it after any columns of their own.
-const OperationColumns = opColumns
-
-// ScanOperation reads OperationColumns from row, after prefix.
-func ScanOperation(row pgx.Row, prefix ...any) (Operation, error) {
-	return scanOperation(row, prefix...)
 }
 
 func ptr[T any](v T) *T { return &v }

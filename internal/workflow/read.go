@@ -18,7 +18,7 @@ import (
 
 // operation reads operation id with the steps of its current run.
 func (e *Engine) operation(ctx context.Context, db database.DBTX, id int64) (Operation, error) {
-	op, err := scanOperation(db.QueryRow(ctx, `SELECT `+opColumns+` FROM operations WHERE id = $1`, id))
+	op, err := ScanOperation(db.QueryRow(ctx, `SELECT `+OperationColumns+` FROM operations WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Operation{}, ErrNotFound
 	}
@@ -96,7 +96,7 @@ func (e *Engine) OperationOf(ctx context.Context, typ string, policyID int64) (O
 // updated first (the longest waiting at the top), with their steps.
 func (e *Engine) ListByStatus(ctx context.Context, status string, limit int) ([]Operation, error) {
 	rows, err := e.pool.Query(ctx, `
-		SELECT `+opColumns+`
+		SELECT `+OperationColumns+`
 		  FROM operations
 		 WHERE status = $1
 		 ORDER BY updated_at, id
@@ -104,7 +104,7 @@ func (e *Engine) ListByStatus(ctx context.Context, status string, limit int) ([]
 	if err != nil {
 		return nil, fmt.Errorf("workflow: list by status: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return ScanOperation(row) })
 	if err != nil {
 		return nil, fmt.Errorf("workflow: list by status: %w", err)
 	}
@@ -123,14 +123,14 @@ func pointers[T any](s []T) []*T {
 // deposit saga's booking and cancellation), oldest first, with their steps.
 func (e *Engine) BookingOperations(ctx context.Context, bookingID int64) ([]Operation, error) {
 	rows, err := e.pool.Query(ctx, `
-		SELECT `+opColumns+`
+		SELECT `+OperationColumns+`
 		  FROM operations
 		 WHERE booking_id = $1
 		 ORDER BY id`, bookingID)
 	if err != nil {
 		return nil, fmt.Errorf("workflow: operations of booking %d: %w", bookingID, err)
 	}
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return ScanOperation(row) })
 	if err != nil {
 		return nil, fmt.Errorf("workflow: operations of booking %d: %w", bookingID, err)
 	}
@@ -141,14 +141,14 @@ func (e *Engine) BookingOperations(ctx context.Context, bookingID int64) ([]Oper
 // with their steps.
 func (e *Engine) Operations(ctx context.Context, ids []int64) ([]Operation, error) {
 	rows, err := e.pool.Query(ctx, `
-		SELECT `+opColumns+`
+		SELECT `+OperationColumns+`
 		  FROM operations
 		 WHERE id = ANY($1)
 		 ORDER BY id`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("workflow: operations: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return scanOperation(row) })
+	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) { return ScanOperation(row) })
 	if err != nil {
 		return nil, fmt.Errorf("workflow: operations: %w", err)
 	}

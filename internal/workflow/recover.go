@@ -260,19 +260,25 @@ func (a *attempt) resend(ctx context.Context, i int, branch, why string) (recove
 		if err := a.r.flushAsked(ctx, tx); err != nil {
 			return nil, err
 		}
-		name := a.r.record(i).Name
-		st, _ := a.r.def.step(name)
-		n := len(a.r.events)
-		if err := a.r.event(ctx, tx, a.r.op.Status, name, why, ""); err != nil {
-			return nil, err
-		}
-		p, _, err := a.r.sent(ctx, tx, i, st)
-		if errors.Is(err, errCancelled) {
-			a.r.events = a.r.events[:n] // not sent again after all
-			return a.cancelled(ctx, tx, i, branch == BranchNotStarted)
-		}
-		return p, err
+		return a.sendAgain(ctx, tx, i, why, branch == BranchNotStarted)
 	})
+}
+
+// sendAgain records step i SENT again in tx, with why on the timeline. A
+// cancel mark met there is answered by cancelled: the line is taken back.
+func (a *attempt) sendAgain(ctx context.Context, tx pgx.Tx, i int, why string, notStarted bool) (*pending, error) {
+	name := a.r.record(i).Name
+	st, _ := a.r.def.step(name)
+	n := len(a.r.events)
+	if err := a.r.event(ctx, tx, a.r.op.Status, name, why, ""); err != nil {
+		return nil, err
+	}
+	p, _, err := a.r.sent(ctx, tx, i, st)
+	if errors.Is(err, errCancelled) {
+		a.r.events = a.r.events[:n] // not sent again after all
+		return a.cancelled(ctx, tx, i, notStarted)
+	}
+	return p, err
 }
 
 // cancelled is recovery's answer to a cancel mark met as it was about to
@@ -324,16 +330,7 @@ func (a *attempt) notStarted(ctx context.Context, i int, why string) (recovery.R
 		}
 		if gaveUp == "" {
 			a.r.branch = BranchNotStarted
-			n := len(a.r.events)
-			if err := a.r.event(ctx, tx, a.r.op.Status, rec.Name, why+": sent again with the same key", ""); err != nil {
-				return nil, err
-			}
-			p, _, err := a.r.sent(ctx, tx, i, st)
-			if errors.Is(err, errCancelled) {
-				a.r.events = a.r.events[:n] // not sent again after all
-				return a.cancelled(ctx, tx, i, true)
-			}
-			return p, err
+			return a.sendAgain(ctx, tx, i, why+": sent again with the same key", true)
 		}
 		a.r.branch = BranchAbandoned
 		why = why + ", so it is known never to have taken effect; " + gaveUp + ": not sent again"
@@ -418,6 +415,13 @@ UPDATE operations
 // last status query on the step, before the worker waits.
 func (a *attempt) renew(ctx context.Context, i int, branch, detail string, wait time.Duration) error {
 	a.r.branch = branch
+	return a.noteTruthThen(ctx, i, sqlRenewLease, "workflow.sqlRenewLease", detail, (a.budget.Lease + wait).Seconds())
+}
+
+// noteTruthThen writes, in a transaction of its own, the status queries
+// made and what the last said of step i (the outcome still unknown), then
+// the operation's transition sql, its statement called name.
+func (a *attempt) noteTruthThen(ctx context.Context, i int, sql, name, detail string, args ...any) error {
 	return a.write(ctx, func(tx pgx.Tx) error {
 		if err := a.r.flushAsked(ctx, tx); err != nil {
 			return err
@@ -425,7 +429,7 @@ func (a *attempt) renew(ctx context.Context, i int, branch, detail string, wait 
 		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
 			return err
 		}
-		return a.r.transition(ctx, tx, sqlRenewLease, "workflow.sqlRenewLease", detail, (a.budget.Lease + wait).Seconds())
+		return a.r.transition(ctx, tx, sql, name, detail, args...)
 	})
 }
 
@@ -455,16 +459,7 @@ func (a *attempt) backOff(ctx context.Context, i int, branch, why string, wait t
 	if !counts {
 		detail = fmt.Sprintf("%s (no attempt used); next look in %s", why, wait.Round(time.Millisecond))
 	}
-	err := a.write(ctx, func(tx pgx.Tx) error {
-		if err := a.r.flushAsked(ctx, tx); err != nil {
-			return err
-		}
-		if err := a.r.writeStep(ctx, tx, i, sqlStepTruth, nullTruth(a.truth)); err != nil {
-			return err
-		}
-		return a.r.transition(ctx, tx, sqlBackOff, "workflow.sqlBackOff", detail, why, wait.Seconds(), cost)
-	})
-	if err != nil {
+	if err := a.noteTruthThen(ctx, i, sqlBackOff, "workflow.sqlBackOff", detail, why, wait.Seconds(), cost); err != nil {
 		return recovery.Result{Branch: branch}, err
 	}
 	return recovery.Result{Outcome: recovery.OutcomeBackedOff, Branch: branch}, nil
@@ -553,14 +548,14 @@ UPDATE operations
  WHERE id = $1
    AND status = 'NEEDS_RECONCILIATION'
    AND updated_at = $2 -- 0 rows: a person decided meanwhile, and the decision stands
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // takeBack makes the reasking worker the owner of the operation, unless a
 // person decided since it was claimed.
 func (a *attempt) takeBack(ctx context.Context, why string) (bool, error) {
 	taken := false
 	err := a.r.inTx(ctx, func(tx pgx.Tx) error {
-		op, err := scanOperation(tx.QueryRow(ctx, sqlTakeBack, a.r.op.ID, a.claim.SeenUpdatedAt, a.claim.Actor, a.budget.Lease.Seconds()))
+		op, err := ScanOperation(tx.QueryRow(ctx, sqlTakeBack, a.r.op.ID, a.claim.SeenUpdatedAt, a.claim.Actor, a.budget.Lease.Seconds()))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}

@@ -52,7 +52,7 @@ UPDATE operations
  WHERE id = $1
    AND status IN ('FAILED', 'NEEDS_RECONCILIATION')
    AND updated_at = $5 -- 0 rows: it changed since it was shown
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 // sqlCarrySteps lays out the new run ($2): the steps before position $3
 // carried from the run before, as they were done (same key, same answer,
@@ -104,7 +104,7 @@ func (e *Engine) RetryFrom(ctx context.Context, tx pgx.Tx, req RetryFromRequest,
 	if err := check(seen); err != nil {
 		return Operation{}, Operation{}, false, err
 	}
-	op, err = scanOperation(tx.QueryRow(ctx, sqlRetryFrom, seen.ID, req.RequestKey, owner.ID, owner.Lease.Seconds(), req.SeenUpdatedAt))
+	op, err = ScanOperation(tx.QueryRow(ctx, sqlRetryFrom, seen.ID, req.RequestKey, owner.ID, owner.Lease.Seconds(), req.SeenUpdatedAt))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Operation{}, Operation{}, false, ErrStateChanged
 	}

@@ -167,25 +167,32 @@ func (r *runner) localDone(ctx context.Context, tx pgx.Tx, i int) (int, error) {
 		}
 		last, names = j, append(names, r.record(j).Name)
 	}
-	rows, err := tx.Query(ctx, sqlStepsDone, r.op.ID, r.token, r.op.Run, names, r.def.compensation(names[0]))
+	n, err := r.writeSteps(ctx, tx, sqlStepsDone, r.op.ID, r.token, r.op.Run, names, r.def.compensation(names[0]))
+	if err == nil && n != len(names) {
+		err = r.whyNoRows(ctx, tx, fmt.Sprintf("steps %v are not all PENDING", names))
+	}
+	return last, err
+}
+
+// writeSteps runs sql, a write of several steps that returns them, and
+// keeps them as written. It returns how many it wrote.
+func (r *runner) writeSteps(ctx context.Context, tx pgx.Tx, sql string, args ...any) (int, error) {
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
-		return 0, fmt.Errorf("workflow: write steps %v: %w", names, err)
+		return 0, fmt.Errorf("workflow: write steps: %w", err)
 	}
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
 	if err != nil {
-		return 0, fmt.Errorf("workflow: write steps %v: %w", names, err)
-	}
-	if len(steps) != len(names) {
-		return 0, r.whyNoRows(ctx, tx, fmt.Sprintf("steps %v are not all PENDING", names))
+		return 0, fmt.Errorf("workflow: write steps: %w", err)
 	}
 	for _, got := range steps {
-		for j := i; j <= last; j++ {
+		for j := range r.op.Steps {
 			if r.op.Steps[j].Name == got.Name {
 				r.op.Steps[j] = got
 			}
 		}
 	}
-	return last, nil
+	return len(steps), nil
 }
 
 // sent records step i SENT — its request (computed the first time), its
@@ -459,25 +466,11 @@ UPDATE operation_steps s
 RETURNING ` + stepColumns
 
 func (r *runner) cancelSteps(ctx context.Context, tx pgx.Tx, i int) error {
-	rows, err := tx.Query(ctx, sqlStepsCancelled, r.op.ID, r.token, r.op.Run, r.record(i).Position)
-	if err != nil {
-		return fmt.Errorf("workflow: cancel steps: %w", err)
+	n, err := r.writeSteps(ctx, tx, sqlStepsCancelled, r.op.ID, r.token, r.op.Run, r.record(i).Position)
+	if err == nil && n == 0 {
+		err = r.whyNoRows(ctx, tx, "no step left to cancel")
 	}
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) { return scanStep(row) })
-	if err != nil {
-		return fmt.Errorf("workflow: cancel steps: %w", err)
-	}
-	if len(steps) == 0 {
-		return r.whyNoRows(ctx, tx, "no step left to cancel")
-	}
-	for _, got := range steps {
-		for j := range r.op.Steps {
-			if r.op.Steps[j].Name == got.Name {
-				r.op.Steps[j] = got
-			}
-		}
-	}
-	return nil
+	return err
 }
 
 // insertCompensation lays out the definition's compensation steps after
@@ -715,7 +708,7 @@ const opFence = `
  WHERE id = $1
    AND owner_token = $2 -- the fence: 0 rows means we no longer own it
    AND status IN ('IN_PROGRESS', 'RECOVERING') -- and a finished operation is never overwritten
-RETURNING ` + opColumns
+RETURNING ` + OperationColumns
 
 const sqlSucceed = `
 UPDATE operations
@@ -774,7 +767,7 @@ func (r *runner) reconcile(ctx context.Context, tx pgx.Tx, reaskAt *time.Time, w
 func (r *runner) transition(ctx context.Context, tx pgx.Tx, sql, name, detail string, args ...any) error {
 	from := r.op.Status
 	args = append([]any{r.op.ID, r.token}, args...)
-	op, err := scanOperation(tx.QueryRow(ctx, sql, args...))
+	op, err := ScanOperation(tx.QueryRow(ctx, sql, args...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
