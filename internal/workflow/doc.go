@@ -87,7 +87,12 @@
 //	Engine.Register(Definition)       a workflow: its steps, local (Do) or external (Call)
 //	Engine.Start(…, StartFunc, Hooks)  a request runs a new operation (start.go)
 //	Engine.ClaimStale, Engine.Recover  the recovery loop's Claimer and Recoverer (claim.go, recover.go)
-//	Engine.Decide                      a person's decision, in the caller's transaction (decide.go)
+//	Engine.RequestCancel               a person's cancel: a mark the owner stops at (cancel.go)
+//	Engine.Decide(…, func(*Person))    a person's decision, in the caller's transaction: its
+//	                                   fenced writes (decide.go); which fits is the desk's
+//	Engine.RetryFrom(…, check)         a new run from a step (retry.go); the rule is
+//	                                   internal/operations'
+//	Engine.Callback                    a system tells a truth instead of being asked (callback.go)
 //	Restart, ScanOperation, StepKey    for start functions (operation.go)
 //
 // # Invariants the package keeps

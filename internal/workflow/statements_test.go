@@ -32,7 +32,7 @@ func TestTimelineNamesResolve(t *testing.T) {
 		files = append(files, f)
 	}
 	// the argument that names the statement, by callee
-	nameArg := map[string]int{"event": 5, "transition": 3, "recordClaims": 4, "noteTruthThen": 4}
+	nameArg := map[string]int{"event": 5, "transition": 3, "recordClaims": 4, "noteTruthThen": 3}
 	check := func(where token.Pos, e ast.Expr) {
 		switch e := e.(type) {
 		case *ast.BasicLit:
