@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemlab/idemlab/internal/browsertest"
+	"github.com/idemlab/idemlab/internal/fault"
 )
 
 // signInAdmin opens the desk as the admin.
@@ -493,4 +494,61 @@ func TestBrowserDeskSaysWhatRecoveryDoesAndDid(t *testing.T) {
 		}
 	}
 	shootBoth(t, ctx, "notice")
+}
+
+// A refund payments refused definitely stays REJECTED on the desk when
+// payments then cannot be asked (issue 29, finding 6): pressing "Ask
+// payments again" while its status queries fail leaves the card's truth and
+// its count under REJECTED — not "no answer" — and the card says the
+// question went unanswered and that no answer undoes no refusal.
+// Screenshots at 1280 and 390 px.
+func TestBrowserARefusedRefundStaysRefusedWhenPaymentsCannotBeAsked(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PAYMENTS_TIMEOUT": "2s"})
+	s.paymentsMode(t, fault.ModeReject)
+	var op operationJSON
+	s.do(cancelReq(s.policyOf(t, "demo-alice", 0), "demo-alice", "refused-then-unanswered", "")).JSON(t, &op)
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/payments/faults", Token: "demo-admin",
+		Body: `{"mode":"reject","status_mode":"error"}`}); r.Status != http.StatusOK {
+		t.Fatalf("payments faults: %d %s", r.Status, r.Body)
+	}
+	ctx := browsertest.New(t)
+	signInAdmin(t, ctx, s)
+	card := fmt.Sprintf(`[data-testid="reconcile-%d"]`, op.ID)
+	var now string
+	err := browsertest.Run(ctx,
+		chromedp.Click(card+` [data-testid="ask-again"] button`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="notice"]`, chromedp.ByQuery),
+		chromedp.Text(card+` [data-testid="live-truth"]`, &now, chromedp.ByQuery),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := attr(t, ctx, card, "data-truth"); got != "REJECTED" {
+		t.Errorf("the card's truth now is %s after an unanswered question, want REJECTED", got)
+	}
+	if n := attr(t, ctx, `[data-testid="count-REJECTED"]`, "data-n"); n != "1" {
+		t.Errorf("REJECTED counts %s, want 1", n)
+	}
+	if n := attr(t, ctx, `[data-testid="count-UNKNOWN"]`, "data-n"); n != "0" {
+		t.Errorf("no answer counts %s, want 0", n)
+	}
+	if !strings.HasPrefix(now, "REJECTED:") || !strings.Contains(now, "no answer does not undo a refusal") {
+		t.Errorf("truth now reads %q", now)
+	}
+	if err := browsertest.Run(ctx, chromedp.ScrollIntoView(card, chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
+		var png []byte
+		if err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]),
+			chromedp.ScrollIntoView(card+` [data-testid="live-truth"]`, chromedp.ByQuery), chromedp.CaptureScreenshot(&png)); err != nil {
+			t.Fatal(err)
+		}
+		dir := browsertest.ScreenshotDir()
+		os.MkdirAll(dir, 0o755)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-card-%d.png", t.Name(), size[0])), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

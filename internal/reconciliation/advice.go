@@ -393,12 +393,9 @@ func (f Facts) nowText() string {
 		if f.NowAt.IsZero() {
 			return string(f.Now) + ": the call's own answer, a definite refusal (" + f.System + " has not been asked since); nothing was applied."
 		}
-		s := string(f.Now) + ": the call's own answer, a definite refusal; nothing was applied. " + sentence(f.System) +
-			" gave no answer when asked again at " + clock(f.NowAt)
-		if f.NowError != "" {
-			s += " (" + f.NowError + ")"
-		}
-		return s + ", and no answer does not undo a refusal."
+		// The query's error is on the evidence page: here it would bury the point.
+		return string(f.Now) + ": the call's own answer, a definite refusal; nothing was applied. " + sentence(f.System) +
+			" gave no answer when asked again at " + clock(f.NowAt) + ", and no answer does not undo a refusal."
 	}
 	if f.NowAt.IsZero() {
 		return TruthUnknown + ": not asked since the hand-over."
