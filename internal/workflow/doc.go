@@ -70,12 +70,13 @@
 //
 //   - The timeline (operation_timeline: a row per commit, its lines in
 //     order; the view operation_events reads it a line a row), written by
-//     the engine at the end of the transaction that made each transition —
-//     who, from and to, the step, the recovery branch, a detail a person
-//     can decide by — names the statement behind the transition
-//     ("workflow.sqlStepSent", the constant that holds it: statements.go)
-//     and never copies its text or values. Statement resolves a name to its text; the page finds its
-//     line in the embedded source (idemlab.DeclLine).
+//     the engine (timeline.go) at the end of the transaction that made each
+//     transition — who, from and to, the step, the recovery branch, a
+//     detail a person can decide by — names the statement behind the
+//     transition ("workflow.sqlStepSent", the constant that holds it:
+//     statements.go) and never copies its text or values. Statement
+//     resolves a name to its text; the page finds its line in the embedded
+//     source (idemlab.DeclLine).
 //   - Crash points (Config.Crash): a run passes a named point before and
 //     after each step; a lab or a test arms one and the process dies
 //     there. Unarmed — always, in production — a pass is one atomic load.

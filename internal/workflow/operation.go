@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemlab/idemlab/internal/external"
 )
 
 // Operation statuses. IN_PROGRESS and RECOVERING are ownership states, not
@@ -244,6 +246,14 @@ func stepDest(s *StepRecord) []any {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// nullTruth is t as a column: NULL for none.
+func nullTruth(t external.Truth) *string {
+	if t == "" {
+		return nil
+	}
+	return ptr(string(t))
+}
 
 // sqlRestart starts a FAILED operation again as its next run. A new run
 // lays out new step keys, so every external call of the run is a new call
