@@ -96,6 +96,10 @@ var (
 		regexp.MustCompile(`after (\d+) attempts \(of (\d+)\)`),
 	}
 	limits = regexp.MustCompile(`limit of (\d+) attempts?|At (\d+) recovery hands it`)
+	// A step's sends named as attempts: another count under the same name
+	// (the evidence page's "sent (attempt 1)" beside "3 attempts so far").
+	// ("delivery attempt N" is a callback's, named so.)
+	misnamed = regexp.MustCompile(`(delivery )?[Aa]ttempt \d+( of)?`)
 )
 
 func checkAttempts(t *testing.T, when string, pages map[string]string, attempts, budget int, waiting bool) {
@@ -123,6 +127,11 @@ func checkAttempts(t *testing.T, when string, pages map[string]string, attempts,
 				if n(m[1]) > attempts || n(m[2]) != budget {
 					t.Errorf("%s: %s says %q, with the operation at %d of %d", when, path, m[0], attempts, budget)
 				}
+			}
+		}
+		for _, m := range misnamed.FindAllStringSubmatch(body, -1) {
+			if m[1] == "" && m[2] == "" {
+				t.Errorf("%s: %s says %q: a count of calls named as the operation's attempts", when, path, m[0])
 			}
 		}
 		for _, m := range limits.FindAllStringSubmatch(body, -1) {

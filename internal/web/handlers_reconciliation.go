@@ -526,7 +526,7 @@ func (app *App) handleEvidencePage(c echo.Context) error {
 		case cr.Kind == "call":
 			row.Answer = "sent"
 			if cr.Attempt != nil {
-				row.Answer = fmt.Sprintf("sent (attempt %d)", *cr.Attempt)
+				row.Answer = fmt.Sprintf("sent (call %d)", *cr.Attempt) // a step's sends are calls; attempts are the operation's
 			}
 		case cr.Truth != nil:
 			row.Answer = *cr.Truth
