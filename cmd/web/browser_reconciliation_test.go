@@ -40,12 +40,23 @@ func signInAdmin(t *testing.T, ctx context.Context, s *testServer) {
 // of many cards is a very tall page.
 func shootBoth(t *testing.T, ctx context.Context, label string) {
 	t.Helper()
+	shootBothAt(t, ctx, label, "")
+}
+
+// shootBothAt is shootBoth with sel (when not "") scrolled into view at
+// each width: a card's buttons far down a page.
+func shootBothAt(t *testing.T, ctx context.Context, label, sel string) {
+	t.Helper()
 	if !browsertest.SavingScreenshots() {
 		return
 	}
 	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
 		var png []byte
-		err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]), chromedp.CaptureScreenshot(&png))
+		actions := []chromedp.Action{chromedp.EmulateViewport(size[0], size[1])}
+		if sel != "" {
+			actions = append(actions, chromedp.ScrollIntoView(sel, chromedp.ByQuery))
+		}
+		err := browsertest.Run(ctx, append(actions, chromedp.CaptureScreenshot(&png))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -446,23 +457,8 @@ func TestBrowserDeskSaysWhatRecoveryDoesAndDid(t *testing.T) {
 	if label := text(t, ctx, `[data-testid="resolve-retry"] button`); label != "Hand back to recovery" {
 		t.Errorf("the button says %q", label)
 	}
-	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
-		// The card's buttons, with what each says under it, in sight.
-		var png []byte
-		err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]),
-			chromedp.ScrollIntoView(`[data-testid="resolve-mark_failed"]`, chromedp.ByQuery), chromedp.CaptureScreenshot(&png))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir := browsertest.ScreenshotDir()
-		os.MkdirAll(dir, 0o755)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-card-%d.png", t.Name(), size[0])), png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := browsertest.Run(ctx, chromedp.EmulateViewport(1280, 900)); err != nil {
-		t.Fatal(err)
-	}
+	// The card's buttons, with what each says under it, in sight.
+	shootBothAt(t, ctx, "card", `[data-testid="resolve-mark_failed"]`)
 
 	heal(t, s)
 	bg := context.Background()
@@ -536,19 +532,5 @@ func TestBrowserARefusedRefundStaysRefusedWhenPaymentsCannotBeAsked(t *testing.T
 	if !strings.HasPrefix(now, "REJECTED:") || !strings.Contains(now, "no answer does not undo a refusal") {
 		t.Errorf("truth now reads %q", now)
 	}
-	if err := browsertest.Run(ctx, chromedp.ScrollIntoView(card, chromedp.ByQuery)); err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range [][2]int64{{1280, 1000}, {390, 1400}} {
-		var png []byte
-		if err := browsertest.Run(ctx, chromedp.EmulateViewport(size[0], size[1]),
-			chromedp.ScrollIntoView(card+` [data-testid="live-truth"]`, chromedp.ByQuery), chromedp.CaptureScreenshot(&png)); err != nil {
-			t.Fatal(err)
-		}
-		dir := browsertest.ScreenshotDir()
-		os.MkdirAll(dir, 0o755)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-card-%d.png", t.Name(), size[0])), png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	shootBothAt(t, ctx, "card", card+` [data-testid="live-truth"]`)
 }
