@@ -140,7 +140,7 @@ func TestBrowserIdeasAndDocsPages(t *testing.T) {
 		{"/docs/README", "doc-readme", "How to read this code"},
 		// the code viewer's breadcrumb, deep in the tree (issue 29, finding 20)
 		{"/code/internal/payments/fake/control.go", "code-file-deep", "control.go"},
-		{"/code/internal/web/readmodel/", "code-dir-deep", "readmodel"},
+		{"/code/internal/readmodel/", "code-dir-deep", "readmodel"},
 	} {
 		var body string
 		err := chromedp.Run(ctx,

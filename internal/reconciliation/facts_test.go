@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/external"
-	"github.com/idemlab/idemlab/internal/web/readmodel"
+	"github.com/idemlab/idemlab/internal/readmodel"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/fault"
 	"github.com/idemlab/idemlab/internal/problem"
-	"github.com/idemlab/idemlab/internal/web/readmodel"
+	"github.com/idemlab/idemlab/internal/readmodel"
 	"github.com/idemlab/idemlab/internal/webhook"
 	"github.com/idemlab/idemlab/internal/workflow"
 	"github.com/idemlab/idemlab/views"

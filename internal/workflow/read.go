@@ -13,7 +13,7 @@ import (
 // This file reads operations back: one with its steps, the operations of a
 // policy or a booking, those in a status. The pages' own reads of the
 // timeline, the call log and the callbacks received are
-// internal/web/readmodel's; the desk's are internal/reconciliation's.
+// internal/readmodel's; the desk's are internal/reconciliation's.
 // Nothing here writes.
 
 // operation reads operation id with the steps of its current run.

@@ -15,7 +15,7 @@ import (
 // (operation_calls). Both are written in the transaction whose work they
 // describe, at its end, so neither ever shows what rolled back. A line
 // names the statement behind its transition (statements.go) and never
-// copies its text. The pages read them back (internal/web/readmodel).
+// copies its text. The pages read them back (internal/readmodel).
 
 // event notes a line for the timeline: the transition from from (equal to
 // the status now for a step's progress), about step ("" for the operation
