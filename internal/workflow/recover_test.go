@@ -617,6 +617,10 @@ func TestAProviderThatDropsEveryCallReachesAPersonAtTheLimit(t *testing.T) {
 	b.SetFaults(t, recoverytest.Faults{Mode: fake.ModeDrop, Idempotent: true})
 	b.CancelCrashingAt(t, pid, recoverytest.None) // the request's own attempt, handed over
 	const limit = 3
+	// Every call is dropped and none is ever answered, so the loop's
+	// patience only sets how long each pass waits for nothing: the requests'
+	// 300 ms, not the 2 s the loops keep for calls that are answered late.
+	b.Timeout = recoverytest.ProviderTimeout
 	l := b.Loop(t, "app-2", func(c *recovery.Config) {
 		c.MaxPolls, c.MaxAttempts, c.Backoff, c.MaxBackoff, c.ReaskInterval = 1, limit, time.Minute, time.Minute, time.Minute
 	})
