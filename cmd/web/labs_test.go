@@ -246,3 +246,32 @@ func TestTheRedisLabWithoutRedisSaysWhatIsMissing(t *testing.T) {
 		t.Errorf("the lab's Run without Redis: %d, want 503 saying %q:\n%s", run.Status, missing, body)
 	}
 }
+
+// The double-click lab under an armed crash point (third read: arming
+// after_provider_cancel to abandon the request, then pressing "Twice, same
+// key", ended the whole process — net/http recovers the abandon's
+// http.ErrAbortHandler only on the goroutine it serves from, and the lab
+// sends its two clicks from goroutines of its own). The page answers, says
+// the click got no answer, and the server stays up.
+func TestTheDoubleClickLabSurvivesAnArmedCrashPoint(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, nil)
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at": "after_provider_cancel", "mode": "abandon"}`}); r.Status != http.StatusOK {
+		t.Fatalf("arming a crash point: %d %s", r.Status, r.Body)
+	}
+	client := s.browserClient()
+	s.signIn(t, client, "alice")
+	pid := s.policyOf(t, "demo-alice", 0)
+	page := doWith(t, client, s.URL, request{Method: "GET", Path: fmt.Sprintf("/policies/%d", pid)})
+	m := csrfInput.FindSubmatch(page.Body)
+	if m == nil {
+		t.Fatalf("no CSRF field on the policy's page: %d", page.Status)
+	}
+	r := postForm(t, s, client, fmt.Sprintf("/policies/%d/double-click", pid), url.Values{"_csrf": {string(m[1])}, "mode": {"same-key"}})
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), "no answer: the armed crash point cut it off") {
+		t.Fatalf("the lab under an armed crash point: %d %s", r.Status, r.Body)
+	}
+	if h := s.do(request{Method: "GET", Path: "/healthz"}); h.Status != http.StatusOK {
+		t.Fatalf("the server after the lab: %d", h.Status)
+	}
+}
