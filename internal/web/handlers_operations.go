@@ -18,6 +18,7 @@ import (
 	"github.com/idemlab/idemlab"
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/readmodel"
@@ -159,6 +160,9 @@ func (app *App) handleOperationPage(c echo.Context) error {
 			vm.RetryFrom = &views.RetryForm{CSRF: csrfToken(c), Key: newFormKey(), Step: step,
 				Seen: v.UpdatedAt.Format(time.RFC3339Nano)}
 		}
+	}
+	if vm.Resume != nil || vm.RetryFrom != nil {
+		vm.Stopped, vm.StoppedUnsure = stoppedOn(v.Operation)
 	}
 	if c.QueryParam("notice") == "duplicate-intent" {
 		vm.Notice = "This policy already had a cancellation under way (from an earlier click or another tab), so no second one was started. This is it."
@@ -557,4 +561,28 @@ func shortToken(tok string) string {
 		return tok[:8]
 	}
 	return tok
+}
+
+// stoppedOn says on whose word the step the operation stopped at failed
+// (third read: "Resume" said "the other system refused it … never a repeat
+// of the refused one" of a cancellation a person had marked failed while
+// the provider had in fact applied it; resuming cancelled it twice).
+// unsure: nobody knows the call did not take effect, so a new key may do
+// it again.
+func stoppedOn(op workflow.Operation) (why string, unsure bool) {
+	for _, st := range op.Steps {
+		if st.State != workflow.StepFailed && st.State != workflow.StepUnknown && st.State != workflow.StepSent {
+			continue
+		}
+		switch {
+		case st.System == nil:
+			return st.Name + " is a step of this app's own, which calls no other system.", false
+		case st.Truth != nil && *st.Truth == string(external.TruthRejected):
+			return "the other system, " + *st.System + ", refused " + st.Name + ".", false
+		case st.Truth != nil && *st.Truth == string(external.TruthNotStarted):
+			return st.Name + " is known never to have taken effect (" + *st.System + " has no record of it).", false
+		}
+		return "not on the word of " + *st.System + ": a person (or a cancel) stopped it while the outcome of " + st.Name + " was unknown.", true
+	}
+	return "no step is recorded as failed.", false
 }

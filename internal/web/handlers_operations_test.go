@@ -155,3 +155,29 @@ func TestCustomersAreToldTheReasonThatHappened(t *testing.T) {
 		}
 	}
 }
+
+// Resume and Retry from say on whose word the step failed, and warn when
+// nobody knows its call did not take effect (third read: a cancellation a
+// person had marked failed, though the provider had applied it, was offered
+// as "the other system refused it … never a repeat of the refused one";
+// resuming cancelled it twice).
+func TestResumeSaysOnWhoseWordTheStepFailed(t *testing.T) {
+	sys, rejected, notStarted, unknown := "provider", "REJECTED", "NOT_STARTED", "UNKNOWN"
+	done := workflow.StepRecord{Name: "record_intent", State: workflow.StepDone}
+	for _, tc := range []struct {
+		name   string
+		step   workflow.StepRecord
+		unsure bool
+		says   string
+	}{
+		{"refused", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepFailed, Truth: &rejected}, false, "refused provider_cancel"},
+		{"never took effect", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepFailed, Truth: &notStarted}, false, "known never to have taken effect"},
+		{"a person's, outcome unknown", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepUnknown, Truth: &unknown}, true, "a person (or a cancel) stopped it"},
+		{"a person's, never asked", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepSent}, true, "a person (or a cancel) stopped it"},
+	} {
+		why, unsure := stoppedOn(workflow.Operation{Steps: []workflow.StepRecord{done, tc.step}})
+		if unsure != tc.unsure || !strings.Contains(why, tc.says) || strings.Contains(why, "refused") != (tc.name == "refused") {
+			t.Errorf("%s: %q (unsure %v); want %q, unsure %v", tc.name, why, unsure, tc.says, tc.unsure)
+		}
+	}
+}
