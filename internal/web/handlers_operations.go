@@ -17,8 +17,8 @@ import (
 
 	"github.com/idemlab/idemlab"
 	"github.com/idemlab/idemlab/internal/database"
-	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/external"
+	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/readmodel"
