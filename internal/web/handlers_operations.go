@@ -19,6 +19,7 @@ import (
 	"github.com/idemlab/idemlab/internal/database"
 	"github.com/idemlab/idemlab/internal/external"
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/operations"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/readmodel"
@@ -250,6 +251,7 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		RefreshEvery: refreshEvery(v.Operation), Shown: panelShown(v.Operation),
 	}
 	vm.Headline, vm.CountdownText, vm.Countdown = operationHeadline(v.Operation, time.Now())
+	vm.Headline += appliedAfterAll(v.Operation, app.violationsNow(ctx))
 	vm.RunAgain = runAgain(v.Type)
 	vm.CancelState, vm.CancelLabel = cancelState(v.Operation), cancelLabel(v.Operation)
 	vm.LastError, vm.LastErrorLabel = lastErrorShown(v.Operation)
@@ -321,6 +323,22 @@ func runAgain(operationType string) string {
 	return "a cancellation asked for again after it failed starts a new run, with new step keys"
 }
 
+// appliedAfterAll is what the headline adds when the system's truth now
+// contradicts a person's "mark failed": invariant 4 (a FAILED cancellation
+// the provider applied) names op. The person's finding stays on the page as
+// theirs; this says what the provider says ("" when it does not).
+func appliedAfterAll(op workflow.Operation, broken []invariants.Violation) string {
+	if op.Status != workflow.StatusFailed || op.PolicyID == 0 {
+		return ""
+	}
+	for _, v := range broken {
+		if v.Invariant == 4 && slices.Contains(v.IDs, op.ID) {
+			return " The provider says it did apply it: the policy is cancelled there (invariant 4)."
+		}
+	}
+	return ""
+}
+
 // operationHeadline says what op's status means right now, for the line
 // under the title: for a live operation, whether recovery may take it and
 // when (countdown: seconds from now, nil when no countdown applies).
@@ -348,7 +366,9 @@ func operationHeadline(op workflow.Operation, now time.Time) (headline, countdow
 			return "Finished without cancelling the booking: the refund was refused, so the booking stands — nothing was left half done.", "", nil
 		}
 		if howFailed(op, policies.StepProviderCancel) == "a person" {
-			return "Finished without cancelling: a person found the provider never applied it and marked it failed — nothing was left half done.", "", nil
+			// A person's decision, not the provider's answer: never "refused",
+			// and never "found" — they decided on what they knew (the desk's note).
+			return "Finished without cancelling: a person marked it failed, on their finding that the provider never applied it.", "", nil
 		}
 		return "Finished without cancelling: it was refused, and nothing was left half done.", "", nil
 	case workflow.StatusNeedsReconciliation:

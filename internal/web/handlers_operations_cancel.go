@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemlab/idemlab/internal/idempotency"
 	"github.com/idemlab/idemlab/internal/operations"
+	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
 )
 
@@ -93,11 +94,22 @@ func cancelState(op workflow.Operation) string {
 	case op.Status == workflow.StatusFailed:
 		return "It was stopped before anything was done at another system. Nothing was charged or changed."
 	case op.Status == workflow.StatusNeedsReconciliation:
-		return "It was asked to stop, but the other system had already done its part and that cannot be undone automatically. It waits for a person on the reconciliation desk."
+		return "It was asked to stop, but " + cancelledTooLate
 	case op.Status == workflow.StatusSucceeded:
 		return "It was asked to stop too late: it had already finished."
 	case compensating:
 		return "It was asked to stop after the other system had already done its part, so that part is being undone now (a payment is refunded)."
 	}
-	return "It was asked to stop. It stops before its next step; if a request to another system is already on its way, its answer is awaited first, and what it did is undone if it went through."
+	if op.Type == slots.OperationBookDeposit { // the one definition with a Compensation (docs/workflows.md)
+		return "It was asked to stop. It stops before its next step; if a request to another system is already on its way, its answer is awaited first, and if it went through, that part is undone (a deposit charged is refunded)."
+	}
+	// No Compensation (a policy the provider cancelled): a cancel after an
+	// effect goes to a person, in the same words as once it is there.
+	return "It was asked to stop. It stops before its next step; if a request to another system is already on its way, its answer is awaited first. " +
+		"If it went through, " + cancelledTooLate
 }
+
+// cancelledTooLate is what a cancel after another system's effect does to an
+// operation whose definition has no Compensation: the one truth the notice
+// after pressing Cancel and the page afterwards both tell.
+const cancelledTooLate = "the other system has done its part and that cannot be undone automatically: it waits for a person on the reconciliation desk."

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemlab/idemlab/internal/idempotency"
+	"github.com/idemlab/idemlab/internal/invariants"
 	"github.com/idemlab/idemlab/internal/policies"
 	"github.com/idemlab/idemlab/internal/slots"
 	"github.com/idemlab/idemlab/internal/workflow"
@@ -138,7 +139,7 @@ func TestCustomersAreToldTheReasonThatHappened(t *testing.T) {
 		{workflow.Operation{Type: policies.OperationCancel, PolicyID: 1, Status: workflow.StatusFailed, LastError: &failed, Steps: []workflow.StepRecord{
 			{Name: policies.StepProviderCancel, System: &provider, State: workflow.StepFailed, Truth: truth("NOT_STARTED"),
 				Answer: []byte(`{"decided_by": "admin", "decision": "mark_failed", "note": ""}`)}}},
-			"A person found the provider never cancelled", "refused", "a person found the provider never applied it"},
+			"A person marked this cancellation failed", "refused", "a person marked it failed, on their finding"},
 		{workflow.Operation{Type: policies.OperationCancel, PolicyID: 1, Status: workflow.StatusNeedsReconciliation, LastError: &failed, Steps: []workflow.StepRecord{
 			{Name: policies.StepProviderCancel, System: &provider, State: workflow.StepDone, Truth: truth("COMPLETED")},
 			{Name: policies.StepRefund, System: &payments, State: workflow.StepFailed, Truth: truth("REJECTED")}}},
@@ -149,8 +150,12 @@ func TestCustomersAreToldTheReasonThatHappened(t *testing.T) {
 			t.Errorf("%s %s: %q, want %q and not %q", tc.op.Type, tc.op.Status, got, tc.want, tc.not)
 		}
 		if tc.headlineIs != "" {
-			if h, _, _ := operationHeadline(tc.op, time.Now()); !strings.Contains(h, tc.headlineIs) || strings.Contains(h, "refused") {
-				t.Errorf("headline %q", h)
+			// The admin's page and the customer's (third read, finding 3: the
+			// customer's said "it was refused" of a person's decision).
+			for _, op := range []workflow.Operation{tc.op, customerOperation(tc.op)} {
+				if h, _, _ := operationHeadline(op, time.Now()); !strings.Contains(h, tc.headlineIs) || strings.Contains(h, "refused") {
+					t.Errorf("headline %q", h)
+				}
 			}
 		}
 	}
@@ -179,5 +184,44 @@ func TestResumeSaysOnWhoseWordTheStepFailed(t *testing.T) {
 		if unsure != tc.unsure || !strings.Contains(why, tc.says) || strings.Contains(why, "refused") != (tc.name == "refused") {
 			t.Errorf("%s: %q (unsure %v); want %q, unsure %v", tc.name, why, unsure, tc.says, tc.unsure)
 		}
+	}
+}
+
+// A person's "mark failed" stays theirs on the page, and when the system's
+// truth now says otherwise (invariant 4 names the operation) the headline
+// says what the provider says, rather than that a person "found" anything
+// (third read, finding 3: "a person found the provider never applied it"
+// under the banner saying it had).
+func TestAPersonsMarkFailedIsTheirsAndTheProviderIsHeard(t *testing.T) {
+	op := workflow.Operation{ID: 6, Type: policies.OperationCancel, PolicyID: 22, Status: workflow.StatusFailed}
+	broken := []invariants.Violation{{Invariant: 4, IDs: []int64{3, 6}}}
+	if got := appliedAfterAll(op, broken); !strings.Contains(got, "The provider says it did apply it") {
+		t.Errorf("invariant 4 names op 6: %q", got)
+	}
+	if got := appliedAfterAll(op, []invariants.Violation{{Invariant: 4, IDs: []int64{7}}, {Invariant: 1, IDs: []int64{6}}}); got != "" {
+		t.Errorf("invariant 4 does not name op 6: %q", got)
+	}
+}
+
+// One truth about a cancel after another system's effect, in the notice
+// right after pressing Cancel and on the page once the operation waits for
+// a person (third read, finding 4: the notice promised the provider's
+// cancellation "is undone if it went through"; the page later said it
+// "cannot be undone automatically"). Only a definition with a Compensation
+// (a deposit booking) undoes it.
+func TestACancelAfterAnEffectIsToldOneWay(t *testing.T) {
+	asked := time.Now()
+	live := workflow.Operation{Type: policies.OperationCancel, PolicyID: 1, Status: workflow.StatusInProgress, CancelRequestedAt: &asked}
+	waits := live
+	waits.Status = workflow.StatusNeedsReconciliation
+	for _, op := range []workflow.Operation{live, waits} {
+		if got := cancelState(op); !strings.Contains(got, cancelledTooLate) || strings.Contains(got, "undone if") {
+			t.Errorf("%s: %q, want %q", op.Status, got, cancelledTooLate)
+		}
+	}
+	deposit := live
+	deposit.Type, deposit.PolicyID = slots.OperationBookDeposit, 0
+	if got := cancelState(deposit); !strings.Contains(got, "refunded") {
+		t.Errorf("deposit booking: %q", got)
 	}
 }

@@ -158,7 +158,7 @@ func customerAnswer(st workflow.StepRecord) json.RawMessage {
 		return nil // not an answer this code wrote: nothing of it
 	}
 	out := map[string]any{}
-	for _, k := range []string{"outcome", "truth", "reason", "skipped", "abandoned"} {
+	for _, k := range []string{"outcome", "truth", "reason", "skipped", "abandoned", "decision"} { // decision: a person's, not a refusal (howFailed)
 		if x, ok := v[k]; ok {
 			if s, ok := x.(string); ok {
 				x = customerText(s)
@@ -221,7 +221,7 @@ func howFailed(op workflow.Operation, name string) string {
 		return ""
 	}
 	var answer map[string]any
-	if json.Unmarshal(st.Answer, &answer) == nil && answer["decided_by"] != nil {
+	if json.Unmarshal(st.Answer, &answer) == nil && (answer["decided_by"] != nil || answer["decision"] != nil) {
 		return "a person"
 	}
 	if st.Truth != nil && *st.Truth == string(external.TruthNotStarted) {
@@ -251,7 +251,7 @@ func whyNotDone(op workflow.Operation) string {
 	case op.Type == slots.OperationBookDeposit && op.Status == workflow.StatusFailed:
 		return depositNotCharged(op) + ", so the hold was released. Nothing was charged; you may try again."
 	case op.Type == policies.OperationCancel && op.Status == workflow.StatusFailed && howFailed(op, policies.StepProviderCancel) == "a person":
-		return "A person found the provider never cancelled the policy; nothing was changed. You may try again."
+		return "A person marked this cancellation failed, on their finding that the provider never cancelled the policy; nothing was changed here. You may try again."
 	case op.Type == policies.OperationCancel && op.Status == workflow.StatusNeedsReconciliation && howFailed(op, policies.StepRefund) == "refused":
 		return "The policy is cancelled; payments refused the refund, and a person is seeing to it."
 	}
