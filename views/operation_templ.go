@@ -413,7 +413,7 @@ func operationContent(op OperationDetail) templ.Component {
 				return templ_7745c5c3_Err
 			}
 			if op.StoppedUnsure {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "<strong data-testid=\"resume-unsure\">If that call did take effect, the new key does it again</strong>: read the system's truth on this page first.")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "<strong data-testid=\"resume-unsure\">Resume asks that system first</strong> whether the call took effect, and refuses while it says so or cannot tell: a new key would do it again.")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

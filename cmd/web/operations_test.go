@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,5 +252,50 @@ func TestAdminResumesAFailedOperation(t *testing.T) {
 	}
 	if r := s.do(resumeReq(declined.OperationID, "demo-admin", "resume-4")); r.Status != 409 || r.problemType() != "resume-not-allowed" {
 		t.Errorf("resuming a failed deposit booking: %d %s", r.Status, r.Body)
+	}
+}
+
+// A resume asks first (third read): a cancellation whose provider call's
+// outcome nobody knew was marked failed — by a person at the desk, whose
+// decision leaves the step as it was (SENT or UNKNOWN) — although the
+// provider had applied it; resuming it sent the call again under run 2's
+// key and cancelled the policy twice. Now the resume asks the provider
+// about run 1's key first and refuses while it says COMPLETED: one effect.
+func TestAResumeAsksFirstWhetherTheStoppedCallTookEffect(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PROVIDER_TIMEOUT": "300ms", "RECOVERY_INTERVAL": "1h"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeLostResponse })
+	pid := s.policyOf(t, "demo-alice", 0)
+	r := s.do(cancelReq(pid, "demo-alice", "ask-first-0", ""))
+	if r.Status != 202 {
+		t.Fatalf("cancel with the answer lost: %d %s, want 202", r.Status, r.Body)
+	}
+	waitUntil(t, time.Minute, func() bool { return s.effects(t, pid) == 1 })
+	// What a person's "Mark failed" leaves (workflow.Person.Fail): the
+	// operation FAILED, the step's outcome still unknown.
+	var op int64
+	if err := s.DB.Pool.QueryRow(context.Background(), `
+		UPDATE operations
+		   SET status = 'FAILED', owner_token = NULL, lease_expires_at = NULL, finished_at = now(), updated_at = now(),
+		       last_error = 'a person found the provider never applied it'
+		 WHERE policy_id = $1
+		RETURNING id`, pid).Scan(&op); err != nil {
+		t.Fatal(err)
+	}
+	s.setFaults(t, func(f *fake.Fault) {}) // the provider healthy again: the resume's call would go through
+	r = s.do(resumeReq(op, "demo-admin", "ask-first-resume"))
+	var p struct {
+		Type string `json:"type"`
+		Step string `json:"step"`
+	}
+	if r.Status != 409 {
+		t.Fatalf("resume of a run whose call took effect: %d %s %v; want 409 retry-step-took-effect", r.Status, r.Body, r.Header)
+	}
+	r.JSON(t, &p)
+	if r.Status != 409 || !strings.HasSuffix(p.Type, "retry-step-took-effect") || p.Step != "provider_cancel" {
+		t.Fatalf("resume of a run whose call took effect: %d %s; want 409 retry-step-took-effect at provider_cancel", r.Status, r.Body)
+	}
+	if n := s.effects(t, pid); n != 1 {
+		t.Fatalf("%d provider effects after the resume, want 1", n)
 	}
 }

@@ -30,6 +30,7 @@ func (app *App) resume(c echo.Context, answer answerer[workflow.Operation]) erro
 		OperationID: id,
 		RequestKey:  idempotency.AttemptFrom(ctx).KeyOrEmpty(),
 		Actor:       fmt.Sprintf("%s (%s)", u.Name, app.actor(c)),
+		ClockSkew:   app.recovery.Settings().Budget().ClockSkew,
 	}
 	return respond(c, answer, func(hooks workflow.Hooks[workflow.Operation]) error {
 		_, err := operations.Resume(ctx, app.engine, req, hooks)
