@@ -134,7 +134,7 @@ func TestBrowserAdminResolvesAReconciliation(t *testing.T) {
 		                            owner_id, lease_expires_at, attempts, last_error, next_attempt_at)
 		    SELECT p.id, 'CANCEL', p.user_id, 'k-' || p.id, 'NEEDS_RECONCILIATION', gen_random_uuid(),
 		           'recovery on app-2', now(), 3,
-		           'after 5 polls the provider could not be asked, and the provider is not idempotent: a person must decide',
+		           'after 6 status queries (the first question, then 5 polls) the provider could not be asked, and the provider is not idempotent: a person must decide',
 		           now() + interval '1 hour' -- not asked again during the test
 		      FROM policies p JOIN users u ON u.id = p.user_id
 		     WHERE u.name = 'bob'

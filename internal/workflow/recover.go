@@ -97,6 +97,7 @@ type attempt struct {
 	claim  recovery.Claim
 	budget recovery.Budget
 	polls  int
+	asked  int // status queries this attempt: the first question, then each poll's (the Calls table's rows)
 	// the last status query's answer
 	truth  external.Truth
 	askErr error
@@ -178,7 +179,7 @@ func (a *attempt) decide(ctx context.Context, i int) (recovery.Result, error) {
 	}
 
 	// Polling is over and the outcome is still unknown.
-	seen := fmt.Sprintf("after %d polls %s", a.polls, a.seen(system))
+	seen := fmt.Sprintf("after %s %s", a.askedText(), a.seen(system))
 	if a.askErr == nil { // RUNNING: the system has the call; asking again later is all there is to do
 		return a.backOff(ctx, i, BranchBackoff, seen, 0, true)
 	}
@@ -199,7 +200,18 @@ func (a *attempt) ask(ctx context.Context, i int) {
 	st, _ := a.r.def.step(rec.Name)
 	start := time.Now()
 	a.truth, a.askErr = st.Call.Status(ctx, rec.Key)
+	a.asked++
 	a.r.asked = append(a.r.asked, asked{key: rec.Key, system: *rec.System, truth: a.truth, err: a.askErr, took: time.Since(start)})
+}
+
+// askedText counts this attempt's status queries as the Calls table lists
+// them: a poll is a question asked again, so the first is not one (third
+// read, finding 8: "after 5 polls" beside six status queries).
+func (a *attempt) askedText() string {
+	if a.asked == a.polls+1 {
+		return fmt.Sprintf("%d status queries (the first question, then %d polls)", a.asked, a.polls)
+	}
+	return fmt.Sprintf("%d status queries (%d of them polls)", a.asked, a.polls)
 }
 
 // seen says in words what the last status query told.

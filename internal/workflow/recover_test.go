@@ -215,6 +215,28 @@ func TestNotIdempotentLostResponseGoesToReconciliation(t *testing.T) {
 	if !named {
 		t.Error("no timeline event names the belief that decided")
 	}
+	// The timeline's count of status queries is the Calls table's, attempt
+	// by attempt (third read, finding 8: "after 5 polls" beside six rows).
+	perAttempt := map[string]int{}
+	for _, cr := range calls {
+		if cr.Kind == "status" && cr.OwnerToken != nil {
+			perAttempt[*cr.OwnerToken]++
+		}
+	}
+	said := 0
+	for _, e := range events {
+		var n, polls int
+		if _, err := fmt.Sscanf(e.Detail, "after %d status queries (the first question, then %d polls)", &n, &polls); err != nil || e.OwnerToken == nil {
+			continue
+		}
+		said++
+		if got := perAttempt[*e.OwnerToken]; got != n || polls != n-1 {
+			t.Errorf("the timeline says %q; the Calls table lists %d status queries for that attempt", e.Detail, got)
+		}
+	}
+	if said == 0 {
+		t.Error("no timeline line counts the status queries of an attempt that polled to its limit")
+	}
 	// It is asked again later, not before.
 	if c, _ := l.RunOnce(context.Background()); c.Claimed != 0 {
 		t.Fatalf("a NEEDS_RECONCILIATION operation was asked again at once: %+v", c)
