@@ -43,10 +43,28 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 		chromedp.WaitVisible(`[data-testid="policies"]`, chromedp.ByQuery),
 		chromedp.Navigate(fmt.Sprintf("%s/policies/%d", s.URL, policyID)),
 		chromedp.Click(`[data-testid="cancel-button"]`, chromedp.ByQuery),
-		chromedp.WaitVisible(`[data-testid="operation-panel"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`[data-testid="operation-panel"], [data-testid="notice"]`, chromedp.ByQuery),
 	)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Chromium may send the form a second time (seen at load 12: a request
+	// on a reused connection is retried), and the second submission is
+	// rightly told the first still holds the form's key (the notice page).
+	// The reader then opens the operation, as the notice says.
+	var onNotice int
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`document.querySelectorAll('[data-testid="notice"]').length`, &onNotice)); err != nil {
+		t.Fatal(err)
+	}
+	if onNotice > 0 {
+		var opID int64
+		if err := s.DB.Pool.QueryRow(context.Background(), `SELECT id FROM operations WHERE policy_id = $1`, policyID).Scan(&opID); err != nil {
+			t.Fatal(err)
+		}
+		if err := chromedp.Run(ctx, chromedp.Navigate(fmt.Sprintf("%s/operations/%d", s.URL, opID)),
+			chromedp.WaitVisible(`[data-testid="operation-panel"]`, chromedp.ByQuery)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Record every status the page shows until it is terminal. Polled from
 	// here, not in the page: when the status changes, the panel's refresh
@@ -85,12 +103,14 @@ func TestBrowserWatchRecoveryFinishACancellation(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !slices.Equal(seen, []string{"IN_PROGRESS", "RECOVERING", "SUCCEEDED"}) &&
-		!slices.Equal(seen, []string{"RECOVERING", "SUCCEEDED"}) {
+	switch {
+	case slices.Equal(seen, []string{"IN_PROGRESS", "RECOVERING", "SUCCEEDED"}),
+		slices.Equal(seen, []string{"RECOVERING", "SUCCEEDED"}):
+	case onNotice > 0 && slices.Equal(seen, []string{"SUCCEEDED"}):
+		// Opened after the notice, too late to watch: the timeline below
+		// still has to show recovery finishing it.
+	default:
 		t.Fatalf("statuses seen: %v (last error reading the page: %v)", seen, lastErr)
-	}
-	if !slices.Contains(seen, "RECOVERING") {
-		t.Fatalf("never saw RECOVERING: %v", seen)
 	}
 	// The page that showed SUCCEEDED may still be loaded again (HX-Refresh
 	// for the new status): browsertest.Run reads the timeline that replaced it.
