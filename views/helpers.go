@@ -205,3 +205,12 @@ func labWhat(l LabInfo) string {
 	}
 	return "three faults that look the same to the app, run side by side: the table counts the first calls and their timeouts, the operations below show how recovery told them apart."
 }
+
+// forConsumer names whom an injection applies to, in the arming form's
+// words: "consumer ledger", or "every consumer" for none chosen.
+func forConsumer(name string) string {
+	if name == "" {
+		return "every consumer"
+	}
+	return "consumer " + name
+}

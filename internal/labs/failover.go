@@ -54,13 +54,13 @@ var failoverLab = &Lab{
 		{Key: "caught_by_key", Label: "caught by the provider's key"},
 		{Key: "caught_by_identity", Label: "caught by UNIQUE(policy_id, operation_type)"},
 	},
-	Try: "press Run the lab and wait about half a minute (three failovers), then compare “stored answers lost” and " +
+	Try: "press Run the lab and wait while it runs (three failovers: about 15 s on an idle machine, longer on a busy one), then compare “stored answers lost” and " +
 		"“executed twice” row by row: both asynchronous rows lose the answers of the two cancellations the standby " +
 		"never got — the first cancels those policies twice, the second's provider key catches the repeat — and the " +
 		"synchronous standby keeps both at zero, at the price of two cancellations left unanswered. Then read each " +
 		"timeline from the line where the standby is cut off.",
 	RunHint: "Starts a private PostgreSQL primary with a streaming standby, fails it over three times and removes " +
-		"it: about half a minute, one run at a time.",
+		"it: about 15 s on an idle machine, up to a minute or more on a busy one (it gives up at " + fmt.Sprint(int(failoverBound.Minutes())) + " minutes), one run at a time.",
 	Code: []CodeRef{
 		{Path: "internal/pgcluster/replication.go", Text: `"synchronous_commit":        "on",`,
 			Says: "the synchronous variant: a commit returns once the standby has flushed it, not merely received it"},

@@ -309,6 +309,9 @@ func (app *App) operationDetail(ctx context.Context, v operationView, admin bool
 		te.StatementName, te.StatementWhere, te.StatementHref = statementLink(e.StatementName)
 		vm.Timeline = append(vm.Timeline, te)
 	}
+	if !admin {
+		vm = customerDetail(vm) // redact.go: the page's own parts, by the API's rule
+	}
 	return vm, nil
 }
 

@@ -160,7 +160,8 @@ func (app *App) formNotice(c echo.Context, refusal *idempotency.Refusal) error {
 		// whose process died: both hold the key's lease, and only the lease
 		// running out tells them apart. Say what is true of both.
 		n.Title = "Your first submission still holds this form"
-		n.Message = "This form was already submitted, and that first submission holds the form's key until it finishes — or, if it stopped without finishing (a crash), until its lease runs out. It will not run twice. Try again after that: a retry then gets its answer, or takes over and finishes it. Or open the page again later to see the result."
+		u, _ := userFrom(c)
+		n.Message = inProgressMessage(u.IsAdmin())
 	case "idempotency-key-reused":
 		n.Title = "This form was already used"
 		n.Message = "This form was already submitted with different values. Reload the page to get a fresh form."
@@ -172,6 +173,16 @@ func (app *App) formNotice(c echo.Context, refusal *idempotency.Refusal) error {
 		n.Back, n.BackLabel = "/", "Home"
 	}
 	return render(c, p.Status, views.NoticePage(app.page(c, n.Title, ""), n))
+}
+
+// inProgressMessage says why a form's repeat waits, true whether the first
+// submission runs or died: to an admin with the key's lease, to a customer
+// in a customer's words (redact.go: the lease is the operators' word).
+func inProgressMessage(admin bool) string {
+	if admin {
+		return "This form was already submitted, and that first submission holds the form's key until it finishes — or, if it stopped without finishing (a crash), until its lease runs out. It will not run twice. Try again after that: a retry then gets its answer, or takes over and finishes it. Or open the page again later to see the result."
+	}
+	return "This form was already submitted, and that first submission is still being dealt with — if it was cut off, the app picks it up again after a short wait. It will not run twice. Try again in a little while: you then get its answer. Or open the page again later to see the result."
 }
 
 // newFormKey mints the idempotency key a form carries: 128 random bits.

@@ -257,3 +257,63 @@ func whyNotDone(op workflow.Operation) string {
 	}
 	return ""
 }
+
+// customerDetail is the operation page (and its htmx panel) as a customer
+// reads it: the same rule as the API's, carried to what only the page adds.
+// The summary stands in for every error text (a failed status query, a
+// system that could not be asked just now); the teaching apparatus — SQL,
+// the statements' and the keys' code locations, the steps' raw requests and
+// answers, owner tokens — and the instance names in actors are the
+// operators'. The customer keeps what happened and when.
+func customerDetail(vm views.OperationDetail) views.OperationDetail {
+	vm.Owner = customerActor(vm.Owner)
+	ids := make([]views.Identity, len(vm.Identities))
+	for i, id := range vm.Identities {
+		id.Code, id.CodeHref = "", ""
+		ids[i] = id
+	}
+	vm.Identities = ids
+	steps := make([]views.Step, len(vm.Steps))
+	for i, s := range vm.Steps {
+		s.Request, s.Answer, s.TraceID = "", "", ""
+		if s.LiveError != "" {
+			s.LiveError = "the " + s.System + " could not be asked just now"
+		}
+		steps[i] = s
+	}
+	vm.Steps = steps
+	calls := make([]views.CallLine, len(vm.Calls))
+	for i, c := range vm.Calls {
+		if c.Error != "" {
+			c.Error = "no usable answer"
+		}
+		c.What, c.Actor = customerWords(c.What), customerActor(c.Actor)
+		calls[i] = c
+	}
+	vm.Calls = calls
+	timeline := make([]views.TimelineEvent, len(vm.Timeline))
+	for i, e := range vm.Timeline {
+		e.Actor, e.Owner, e.Detail = customerActor(e.Actor), "", customerWords(e.Detail)
+		e.StatementName, e.Statement, e.StatementHref, e.StatementWhere = "", "", "", ""
+		timeline[i] = e
+	}
+	vm.Timeline = timeline
+	return vm
+}
+
+// onInstance is the instance an actor names ("request 7f3a on app-2",
+// "recovery on vm"): which replica did it is the operators' business.
+var onInstance = regexp.MustCompile(` on [^\s]+$`)
+
+// customerActor is an actor without the instance it ran on.
+func customerActor(s string) string { return onInstance.ReplaceAllString(s, "") }
+
+// rawInWords are what free text on a page may still quote after
+// customerText: a JSON object (a request or an answer) and an HTTP status.
+var rawInWords = regexp.MustCompile(`\s*\{[^\n]*\}|\s*\(?HTTP \d{3}[^)\n]*\)?`)
+
+// customerWords is a page's free text as a customer reads it: customerText,
+// then without the JSON or HTTP status it quotes.
+func customerWords(s string) string {
+	return rawInWords.ReplaceAllString(customerText(s), "")
+}
