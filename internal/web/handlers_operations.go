@@ -594,6 +594,9 @@ func shortToken(tok string) string {
 // it again.
 func stoppedOn(op workflow.Operation) (why string, unsure bool) {
 	for _, st := range op.Steps {
+		if st.State == workflow.StepCancelled {
+			return "it was cancelled before " + st.Name + ", which never ran.", false
+		}
 		if st.State != workflow.StepFailed && st.State != workflow.StepUnknown && st.State != workflow.StepSent {
 			continue
 		}

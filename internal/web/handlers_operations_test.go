@@ -179,6 +179,7 @@ func TestResumeSaysOnWhoseWordTheStepFailed(t *testing.T) {
 		{"never took effect", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepFailed, Truth: &notStarted}, false, "known never to have taken effect"},
 		{"a person's, outcome unknown", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepUnknown, Truth: &unknown}, true, "a person (or a cancel) stopped it"},
 		{"a person's, never asked", workflow.StepRecord{Name: "provider_cancel", System: &sys, State: workflow.StepSent}, true, "a person (or a cancel) stopped it"},
+		{"cancelled before it", workflow.StepRecord{Name: "mark_cancelled", State: workflow.StepCancelled}, false, "cancelled before mark_cancelled"},
 	} {
 		why, unsure := stoppedOn(workflow.Operation{Steps: []workflow.StepRecord{done, tc.step}})
 		if unsure != tc.unsure || !strings.Contains(why, tc.says) || strings.Contains(why, "refused") != (tc.name == "refused") {
