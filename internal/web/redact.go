@@ -3,6 +3,7 @@ package web
 import (
 	"encoding/json"
 	"regexp"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -73,6 +74,10 @@ func operationFor(c echo.Context, op workflow.Operation) workflow.Operation {
 // the operators' business, not a customer's).
 func customerOperation(op workflow.Operation) workflow.Operation {
 	op.OwnerToken = nil
+	if op.OwnerID != nil {
+		owner := customerActor(*op.OwnerID)
+		op.OwnerID = &owner
+	}
 	if op.LastError != nil {
 		summaries := customerSummaries
 		switch {
@@ -129,7 +134,7 @@ func customerCalls(calls []readmodel.CallRecord) []readmodel.CallRecord {
 		} else {
 			c.Detail = customerText(c.Detail)
 		}
-		c.OwnerToken = nil
+		c.OwnerToken, c.Actor = nil, customerActor(c.Actor)
 		out[i] = c
 	}
 	return out
@@ -183,12 +188,45 @@ func customerAnswer(st workflow.StepRecord) json.RawMessage {
 // errorTexts are where the workflow's free text quotes an error as
 // recorded (workflow.describeOutcome, the recovery's "could not be asked"):
 // the words before it stay, the quoted text goes.
-var errorTexts = regexp.MustCompile(`(no usable answer from [a-z_]+): [^\n]*|(could not be asked) \([^\n]*\)|(its deadline had passed) \([^\n]*\)`)
+var errorTexts = regexp.MustCompile(`(no usable answer from [a-z_]+): [^\n]*`)
+
+// quotedAfter are the words after which recovery quotes an error in
+// parentheses — an error whose text may hold parentheses and line breaks of
+// its own (a 503's JSON body), so the quote ends at the matching one.
+var quotedAfter = []string{"could not be asked (", "its deadline had passed ("}
 
 // customerText is free text as a customer reads it: without the error
 // texts it quotes and without addresses.
 func customerText(s string) string {
-	return redactAddresses(errorTexts.ReplaceAllString(s, "$1$2$3"))
+	for _, words := range quotedAfter {
+		s = withoutQuote(s, words)
+	}
+	return redactAddresses(errorTexts.ReplaceAllString(s, "$1"))
+}
+
+// withoutQuote is s with every parenthesised text after words taken out,
+// up to its matching parenthesis (to the end when there is none).
+func withoutQuote(s, words string) string {
+	for from := 0; ; {
+		i := strings.Index(s[from:], words)
+		if i < 0 {
+			return s
+		}
+		open := from + i + len(words) - 1 // the "("
+		end, depth := len(s), 0
+		for j := open; j < len(s); j++ {
+			if s[j] == '(' {
+				depth++
+			} else if s[j] == ')' {
+				if depth--; depth == 0 {
+					end = j + 1
+					break
+				}
+			}
+		}
+		s = s[:open-1] + s[end:]
+		from = open - 1
+	}
 }
 
 // addresses are what must not reach a customer in free text: URLs and
@@ -206,7 +244,7 @@ func customerTimeline(events []readmodel.Event) []readmodel.Event {
 	out := make([]readmodel.Event, len(events))
 	for i, e := range events {
 		e.Detail = customerText(e.Detail)
-		e.OwnerToken = nil
+		e.OwnerToken, e.Actor = nil, customerActor(e.Actor)
 		out[i] = e
 	}
 	return out
@@ -263,10 +301,10 @@ func whyNotDone(op workflow.Operation) string {
 // The summary stands in for every error text (a failed status query, a
 // system that could not be asked just now); the teaching apparatus — SQL,
 // the statements' and the keys' code locations, the steps' raw requests and
-// answers, owner tokens — and the instance names in actors are the
-// operators'. The customer keeps what happened and when.
+// answers, owner tokens — are the operators'. The customer keeps what
+// happened and when. (Actors lost their instance in customerOperation,
+// customerTimeline and customerCalls: the API's rule.)
 func customerDetail(vm views.OperationDetail) views.OperationDetail {
-	vm.Owner = customerActor(vm.Owner)
 	ids := make([]views.Identity, len(vm.Identities))
 	for i, id := range vm.Identities {
 		id.Code, id.CodeHref = "", ""
@@ -277,7 +315,7 @@ func customerDetail(vm views.OperationDetail) views.OperationDetail {
 	for i, s := range vm.Steps {
 		s.Request, s.Answer, s.TraceID = "", "", ""
 		if s.LiveError != "" {
-			s.LiveError = "the " + s.System + " could not be asked just now"
+			s.LiveError = "no usable answer"
 		}
 		steps[i] = s
 	}
@@ -287,13 +325,13 @@ func customerDetail(vm views.OperationDetail) views.OperationDetail {
 		if c.Error != "" {
 			c.Error = "no usable answer"
 		}
-		c.What, c.Actor = customerWords(c.What), customerActor(c.Actor)
+		c.What = customerWords(c.What)
 		calls[i] = c
 	}
 	vm.Calls = calls
 	timeline := make([]views.TimelineEvent, len(vm.Timeline))
 	for i, e := range vm.Timeline {
-		e.Actor, e.Owner, e.Detail = customerActor(e.Actor), "", customerWords(e.Detail)
+		e.Owner, e.Detail = "", customerWords(e.Detail)
 		e.StatementName, e.Statement, e.StatementHref, e.StatementWhere = "", "", "", ""
 		timeline[i] = e
 	}
