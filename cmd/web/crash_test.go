@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemlab/idemlab/internal/invariants"
+	"github.com/idemlab/idemlab/internal/provider/fake"
 	"github.com/idemlab/idemlab/internal/testdb"
 )
 
@@ -154,4 +156,41 @@ func mustRequest(t *testing.T, url, token, key string) *http.Request {
 		t.Fatal(err)
 	}
 	return req
+}
+
+// A crash point armed to abandon, reached by the recovery loop rather than
+// a request (fourth read: after_mark_cancelled with the provider on
+// lost_response — recovery learns COMPLETED and marks the policy — ended the
+// whole app with "abort Handler [recovered, repanicked]"). The attempt ends
+// as a killed worker's would; the server stays up, and once the lease runs
+// out recovery claims the operation again and finishes it.
+func TestAnAbandonReachedByRecoveryEndsOnlyTheAttempt(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, map[string]string{"EVENTS_WORKERS": "off", "PROVIDER_TIMEOUT": "500ms", "OPERATION_LEASE": "1s",
+		"RECOVERY_INTERVAL": "100ms", "RECOVERY_POLL_INTERVAL": "100ms"})
+	s.setFaults(t, func(f *fake.Fault) { f.Mode = fake.ModeLostResponse })
+	if r := s.do(request{Method: "PUT", Path: "/api/v1/admin/crash", Token: "demo-admin", Body: `{"at": "after_mark_cancelled", "mode": "abandon", "once": true}`}); r.Status != http.StatusOK {
+		t.Fatalf("arming a crash point: %d %s", r.Status, r.Body)
+	}
+	pid := s.policyOf(t, "demo-alice", 0)
+	if r := s.do(cancelReq(pid, "demo-alice", "abandon-in-recovery", "")); r.Status != http.StatusAccepted {
+		t.Fatalf("cancel with the answer lost: %d %s, want 202", r.Status, r.Body)
+	}
+	s.setFaults(t, func(f *fake.Fault) {}) // the refund and the next claim are answered
+	var status string
+	waitUntil(t, 2*time.Minute, func() bool {
+		if err := s.DB.Pool.QueryRow(context.Background(), `SELECT status FROM operations WHERE policy_id = $1`, pid).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		return status == "SUCCEEDED"
+	})
+	var fired bool
+	r := s.do(request{Method: "GET", Path: "/api/v1/admin/crash", Token: "demo-admin"})
+	fired = r.Status == http.StatusOK && !strings.Contains(string(r.Body), "after_mark_cancelled")
+	if !fired {
+		t.Errorf("the crash point never fired (still armed): %s", r.Body)
+	}
+	if n := s.effects(t, pid); n != 1 {
+		t.Errorf("%d provider effects, want 1", n)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,9 +57,30 @@ func newWorkflows(ctx context.Context, cfg config, pool *pgxpool.Pool, p provide
 	rc.Instance, rc.Logger, rc.Registerer = cfg.InstanceID, logger.With("component", "recovery"), reg
 	w.recovery = recovery.New(engine, rc)
 	for _, typ := range engine.Types() {
-		w.recovery.Register(typ, engine)
+		w.recovery.Register(typ, abandonable{engine})
 	}
 	return w, nil
+}
+
+// abandonable ends a recovery attempt that meets a crash point armed to
+// abandon (the demo controls) as a killed worker's attempt ends — nothing
+// more written, its lease left to run out for the next claim — instead of
+// ending the process: the abandon is net/http's http.ErrAbortHandler,
+// which net/http recovers only on a request's goroutine, and recovery runs
+// on its own (fourth read: the app exited). Only the exhibit arms it; the
+// pattern's code is untouched.
+type abandonable struct{ recovery.Recoverer }
+
+func (a abandonable) Recover(ctx context.Context, c recovery.Claim, b recovery.Budget) (res recovery.Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if r != http.ErrAbortHandler {
+				panic(r)
+			}
+			err = fmt.Errorf("recovery of operation %d abandoned at an armed crash point: its lease runs out, then it is claimed again", c.ID)
+		}
+	}()
+	return a.Recoverer.Recover(ctx, c, b)
 }
 
 // seedBeliefs tells the app what the environment says about each system
