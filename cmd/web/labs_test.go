@@ -268,7 +268,8 @@ func TestTheDoubleClickLabSurvivesAnArmedCrashPoint(t *testing.T) {
 		t.Fatalf("no CSRF field on the policy's page: %d", page.Status)
 	}
 	r := postForm(t, s, client, fmt.Sprintf("/policies/%d/double-click", pid), url.Values{"_csrf": {string(m[1])}, "mode": {"same-key"}})
-	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), "no answer: the armed crash point cut it off") {
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), "no answer: the armed crash point cut it off") ||
+		!strings.Contains(string(r.Body), "A crash point cut a click off") || strings.Contains(string(r.Body), "The request key did it") {
 		t.Fatalf("the lab under an armed crash point: %d %s", r.Status, r.Body)
 	}
 	if h := s.do(request{Method: "GET", Path: "/healthz"}); h.Status != http.StatusOK {
