@@ -226,3 +226,18 @@ func TestACancelAfterAnEffectIsToldOneWay(t *testing.T) {
 		t.Errorf("deposit booking: %q", got)
 	}
 }
+
+// An actor loses its instance for a customer, and keeps its parentheses
+// (fourth read: "admin (request 20bed… " never closed).
+func TestCustomerActorKeepsItsParentheses(t *testing.T) {
+	for in, want := range map[string]string{
+		"request 7f3a on app-2":         "request 7f3a",
+		"recovery on vm":                "recovery",
+		"admin (request 7f3a on app-1)": "admin (request 7f3a)",
+		"admin":                         "admin",
+	} {
+		if got := customerActor(in); got != want {
+			t.Errorf("customerActor(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

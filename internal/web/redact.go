@@ -340,11 +340,12 @@ func customerDetail(vm views.OperationDetail) views.OperationDetail {
 }
 
 // onInstance is the instance an actor names ("request 7f3a on app-2",
-// "recovery on vm"): which replica did it is the operators' business.
-var onInstance = regexp.MustCompile(` on [^\s]+$`)
+// "recovery on vm", "admin (request 7f3a on app-1)"): which replica did it
+// is the operators' business. A closing parenthesis stays.
+var onInstance = regexp.MustCompile(` on [^\s)]+(\)?)$`)
 
 // customerActor is an actor without the instance it ran on.
-func customerActor(s string) string { return onInstance.ReplaceAllString(s, "") }
+func customerActor(s string) string { return onInstance.ReplaceAllString(s, "$1") }
 
 // rawInWords are what free text on a page may still quote after
 // customerText: a JSON object (a request or an answer) and an HTTP status.
