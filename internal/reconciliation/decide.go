@@ -127,6 +127,9 @@ func ParseResolution(action string) (Resolution, bool) {
 // and its list of decisions show it: the action's code name ("mark_done")
 // is the API's, not the page's.
 func DecisionWords(action string) string {
+	if action == "retry_from" { // written by a retry from a step (operations/retry.go), not a desk decision
+		return "retried from the step it stopped at, as a new run"
+	}
 	r, ok := ParseResolution(action)
 	if !ok {
 		return action

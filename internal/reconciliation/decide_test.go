@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -101,5 +102,15 @@ func TestResolvingIsConditionalOnTheStateSeen(t *testing.T) {
 				t.Fatalf("branches %v", got)
 			}
 		})
+	}
+}
+
+// Every action the decisions list can hold reads in words (fourth read: a
+// retry from a step showed its code name "retry_from").
+func TestEveryDecisionReadsInWords(t *testing.T) {
+	for _, action := range []string{"mark_done", "retry", "mark_failed", "retry_from"} {
+		if w := reconciliation.DecisionWords(action); w == action || strings.Contains(w, "_") {
+			t.Errorf("DecisionWords(%q) = %q: a code name, not words", action, w)
+		}
 	}
 }
