@@ -74,3 +74,17 @@ func TestTheCrashIdeaSaysWhatRecoveryShows(t *testing.T) {
 		}
 	}
 }
+
+// A booking without a deposit promises no refund and no second operation
+// (fourth read: a plain booking's button and Try this said "the deposit is
+// refunded first … read the second operation").
+func TestAPlainBookingPromisesNoDeposit(t *testing.T) {
+	plain := rendered(t, bookingContent(Page{}, BookingView{ID: 1, SlotName: "Consulting room 2", Status: "CONFIRMED", CancelKey: "k"}))
+	if strings.Contains(plain, "deposit is refunded") || strings.Contains(plain, "second operation") {
+		t.Errorf("a booking without a deposit speaks of its deposit's refund")
+	}
+	paid := rendered(t, bookingContent(Page{}, BookingView{ID: 2, SlotName: "Recording studio", Status: "CONFIRMED", Deposit: "25.00", CancelKey: "k"}))
+	if !strings.Contains(paid, "the deposit is refunded first") {
+		t.Errorf("a booking with a deposit no longer says it is refunded first")
+	}
+}
