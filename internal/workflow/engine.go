@@ -3,6 +3,8 @@ package workflow
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -65,13 +67,11 @@ func (e *Engine) Register(def Definition) {
 	e.defs[def.Type] = &def
 }
 
-// Types lists the registered operation types, for the recovery loop.
+// Types lists the registered operation types, sorted (a page's filter
+// lists them in this order: fourth read, they came in a map's order, new
+// on every load).
 func (e *Engine) Types() []string {
-	types := make([]string, 0, len(e.defs))
-	for t := range e.defs {
-		types = append(types, t)
-	}
-	return types
+	return slices.Sorted(maps.Keys(e.defs))
 }
 
 // Clock is the engine's database clock.
